@@ -1,0 +1,1 @@
+"""rl4mle_jax: PPO for machine-learning-engineering agents in JAX/Flax."""
