@@ -1,0 +1,176 @@
+"""Asynchronous rollout pool: K episodes in flight, finished ones queued in completion order.
+
+The pool is host-side asyncio and knows nothing of JAX or sandboxes: an episode is any
+coroutine function `run_episode(request) -> result`. What matters for the paper's argument is
+that fast episodes really do come back first and more often; the queue preserves that order and
+the pool measures how busy its slots were, beside what a synchronous loop (start K, wait for
+the slowest, repeat) would have achieved on the same durations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+
+@dataclasses.dataclass
+class Finished:
+    """One finished episode as the learner sees it."""
+
+    episode_id: int
+    slot: int
+    request: Any
+    result: Any  # what run_episode returned, or None when it raised
+    error: str | None  # "<ExcType>: message" when run_episode raised
+    started_at: float  # wall-clock (time.time()) at which the slot started the episode
+    finished_at: float
+    busy_s: float  # seconds of the episode spent executing (reported by the result, else all)
+
+
+@dataclasses.dataclass
+class SlotStats:
+    """Slot utilisation: busy time over K * wall-clock, and the synchronous counterfactual."""
+
+    num_slots: int
+    wall_s: float
+    busy_s: float
+    episodes: int
+    sync_wall_s: float  # wall-clock a start-K-wait-for-slowest loop needs for the same episodes
+
+    @property
+    def utilisation(self) -> float:
+        return self.busy_s / max(self.num_slots * self.wall_s, 1e-9)
+
+    @property
+    def sync_utilisation(self) -> float:
+        return self.busy_s / max(self.num_slots * self.sync_wall_s, 1e-9)
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "slots": self.num_slots,
+            "wall_s": self.wall_s,
+            "busy_s": self.busy_s,
+            "episodes": self.episodes,
+            "utilisation": self.utilisation,
+            "sync_wall_s": self.sync_wall_s,
+            "sync_utilisation": self.sync_utilisation,
+        }
+
+
+def sync_wall_time(durations: list[float], num_slots: int) -> float:
+    """Wall-clock of a synchronous loop that runs episodes K at a time and waits for the slowest."""
+    return sum(max(durations[i:i + num_slots]) for i in range(0, len(durations), num_slots))
+
+
+class RolloutPool:
+    """Keeps `num_slots` episodes running; `get_batch(B)` returns B finished ones, fastest first.
+
+    Args:
+      run_episode: coroutine function taking a request and returning a result. If the result
+        has a `busy_s` attribute or key, that is counted as slot-busy time (e.g. the sandbox
+        execution Δt); otherwise the whole episode counts.
+      make_request: called (synchronously) each time a slot frees up, with the episode id; it
+        may read the latest policy version, so requests reflect the current policy.
+      num_slots: K, the number of concurrent episodes.
+    """
+
+    def __init__(
+        self,
+        run_episode: Callable[[Any], Awaitable[Any]],
+        make_request: Callable[[int], Any],
+        num_slots: int,
+        first_episode_id: int = 0,
+    ):
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        self._run_episode = run_episode
+        self._make_request = make_request
+        self.num_slots = num_slots
+        self._queue: asyncio.Queue[Finished] = asyncio.Queue()
+        self._ids = itertools.count(first_episode_id)
+        self._tasks: set[asyncio.Task] = set()
+        self._stopping = False
+        self._t0: float | None = None
+        self._busy = 0.0
+        self._durations: dict[int, float] = {}  # episode id -> seconds
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Fill every slot; call from inside the running event loop."""
+        self._t0 = time.time()
+        for slot in range(self.num_slots):
+            self._launch(slot)
+
+    async def stop(self) -> None:
+        """Stop refilling slots and cancel the episodes still in flight."""
+        self._stopping = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def _launch(self, slot: int) -> None:
+        if self._stopping:
+            return
+        episode_id = next(self._ids)
+        request = self._make_request(episode_id)
+        task = asyncio.create_task(self._run(slot, episode_id, request))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, slot: int, episode_id: int, request: Any) -> None:
+        started = time.time()
+        result, error = None, None
+        try:
+            result = await self._run_episode(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # an episode failing must never stop the run
+            error = f"{type(e).__name__}: {e}"
+        finished = time.time()
+        busy = _busy_seconds(result, finished - started)
+        self._busy += busy
+        self._durations[episode_id] = finished - started
+        self._queue.put_nowait(
+            Finished(episode_id, slot, request, result, error, started, finished, busy)
+        )
+        self._launch(slot)
+
+    # -- consumer side -----------------------------------------------------------------------
+    async def get_batch(self, batch_size: int, timeout_s: float | None = None) -> list[Finished]:
+        """The next `batch_size` finished episodes in completion order (fewer on timeout)."""
+        out: list[Finished] = []
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while len(out) < batch_size:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            try:
+                out.append(await asyncio.wait_for(self._queue.get(), remaining))
+            except asyncio.TimeoutError:
+                break
+        return out
+
+    def stats(self) -> SlotStats:
+        wall = 0.0 if self._t0 is None else time.time() - self._t0
+        return SlotStats(
+            num_slots=self.num_slots,
+            wall_s=wall,
+            busy_s=self._busy,
+            episodes=len(self._durations),
+            # The synchronous loop would start episodes in id order, K at a time.
+            sync_wall_s=sync_wall_time([d for _, d in sorted(self._durations.items())],
+                                       self.num_slots) if self._durations else 0.0,
+        )
+
+
+def _busy_seconds(result: Any, default: float) -> float:
+    if result is None:
+        return default
+    if isinstance(result, dict):
+        value = result.get("busy_s")
+    else:
+        value = getattr(result, "busy_s", None)
+    return default if value is None else float(value)
