@@ -1,0 +1,21 @@
+"""Metric logger writes JSONL + TensorBoard; plots read the whole file, torn lines skipped."""
+
+from rl4mle_jax.logging import MetricLogger, plot_metrics, read_metrics
+
+
+def test_metrics_jsonl_tensorboard_and_plots(tmp_path):
+    logger = MetricLogger(tmp_path)
+    for step in range(3):
+        logger.write(step, wall_s=10.0 * step, scalars={
+            "reward/mean": -10 + step, "slots/utilisation": 0.5,
+            "note": "skipped", "nan": float("nan")})
+    logger.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "wal')  # torn by a crash
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[2] == {"step": 2, "wall_s": 20.0, "reward/mean": -8.0, "slots/utilisation": 0.5}
+    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())
+    pngs = plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "plots")
+    assert {p.name for p in pngs} >= {"reward.png", "utilisation.png", "best_score.png"}
+    assert all(p.stat().st_size > 1000 for p in pngs)
