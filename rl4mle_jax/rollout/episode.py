@@ -1,0 +1,158 @@
+"""One episode: prompt → sample → extract → instrument (+verify) → execute → grade → reward.
+
+Host-side asyncio. The two model calls go through generation services (the policy for the
+action, the frozen copy for LM instrumentation); everything that blocks (sandbox, grader) runs
+off the event loop, so K episodes overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+from typing import Any
+
+from rl4mle_jax.env import prompts as prompts_lib
+from rl4mle_jax.env.actions import extract_action
+from rl4mle_jax.env.grading import grade
+from rl4mle_jax.env.instrument import new_nonce
+from rl4mle_jax.env.instrument_lm import Instrumenter
+from rl4mle_jax.env.reward import RewardConfig, compute_reward
+from rl4mle_jax.rollout.buffer import SolutionBuffer
+from rl4mle_jax.rollout.service import GenerationService
+
+
+@dataclasses.dataclass
+class Experience:
+    """A finished episode: what the learner trains on and what the experience log keeps."""
+
+    episode_id: int
+    kind: str  # "solve" | "improve"
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]  # behaviour log-probs of response_ids
+    params_version: int
+    reward: float
+    record: dict[str, Any]  # RewardRecord.to_dict()
+    plan: str
+    code: str | None  # the agent's own (un-instrumented) code
+    response_stopped: bool
+    started_at: float
+    finished_at: float
+    busy_s: float  # sandbox execution time Δt (0 when nothing ran)
+    timings: dict[str, float]  # seconds spent sampling, instrumenting, executing, grading
+    parent_episode: int | None = None  # for improve prompts: the solution being improved
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.record.get("duration_s", 0.0))
+
+    def log_record(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The experience-log line (token ids left out; the code and every reward part kept)."""
+        rec = {k: v for k, v in dataclasses.asdict(self).items()
+               if k not in ("prompt_ids", "response_ids", "logprobs")}
+        rec.update(prompt_tokens=len(self.prompt_ids), response_tokens=len(self.response_ids),
+                   duration_s=self.duration_s)
+        rec.update(extra or {})
+        return rec
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeConfig:
+    improve_prob: float = 0.5  # the paper's share of self-improvement prompts
+    split: str = "reward"  # RL is never rewarded on the private test labels
+    timeout_s: float = 60.0
+
+
+class EpisodeRunner:
+    """Builds requests (solve or improve) and runs episodes for one task."""
+
+    def __init__(self, task: Any, tokenizer: Any, policy: GenerationService, sandbox: Any,
+                 instrumenter: Instrumenter, buffer: SolutionBuffer, context: Any,
+                 cfg: EpisodeConfig, reward_cfg: RewardConfig,
+                 prompt_cfg: prompts_lib.PromptConfig, frozen: GenerationService | None = None,
+                 rng: random.Random | None = None):
+        self.task, self.tokenizer, self.policy, self.sandbox = task, tokenizer, policy, sandbox
+        self.instrumenter, self.buffer, self.context = instrumenter, buffer, context
+        self.cfg, self.reward_cfg, self.prompt_cfg = cfg, reward_cfg, prompt_cfg
+        self.frozen = frozen
+        self.rng = rng or random.Random(0)
+        self.chat_template = tokenizer.apply_chat_template if tokenizer.is_chat else None
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text))
+
+    def make_request(self, episode_id: int) -> dict[str, Any]:
+        """Solve, or (with probability improve_prob, once a valid solution exists) improve."""
+        parent = None
+        if self.buffer and self.rng.random() < self.cfg.improve_prob:
+            parent = self.buffer.sample(self.rng)
+        return {"episode_id": episode_id, "kind": "improve" if parent else "solve",
+                "parent": parent}
+
+    def render_prompt(self, request: dict[str, Any]) -> str:
+        parent = request.get("parent")
+        prompt = prompts_lib.build_prompt(
+            self.context,
+            earlier_code=parent["code"] if parent else None,
+            outcome=prompts_lib.format_outcome(parent["record"]) if parent else None,
+            cfg=self.prompt_cfg, chat_template=self.chat_template, count_tokens=self.count_tokens)
+        return prompt.text
+
+    async def __call__(self, request: dict[str, Any]) -> Experience:
+        started = time.time()
+        timings: dict[str, float] = {}
+        prompt_ids = self.tokenizer.encode(self.render_prompt(request))
+
+        t = time.perf_counter()
+        gen = await self.policy.generate(prompt_ids)
+        timings["sample_s"] = time.perf_counter() - t
+        response = self.tokenizer.decode(gen.response_ids)
+        action = extract_action(response)
+
+        busy = 0.0
+        if not action.ok:
+            record = compute_reward(action, None, None, None, None, self.reward_cfg)
+        else:
+            t = time.perf_counter()
+            program = await self._instrument(action.code)
+            timings["instrument_s"] = time.perf_counter() - t
+            nonce = new_nonce()
+            t = time.perf_counter()
+            result = await self.sandbox.arun(program.render(nonce),
+                                             self.task.input_dir(self.cfg.split),
+                                             timeout_s=self.cfg.timeout_s)
+            timings["execute_s"] = time.perf_counter() - t
+            busy = float(result.duration_s)
+            t = time.perf_counter()
+            try:
+                report = (await asyncio.to_thread(grade, self.task, result.submission_path,
+                                                  self.cfg.split)
+                          if result.submission_exists else None)
+                record = compute_reward(action, program, result, report, nonce,
+                                        self.reward_cfg, self.cfg.timeout_s)
+            finally:
+                if hasattr(result, "cleanup"):
+                    result.cleanup()
+            timings["grade_s"] = time.perf_counter() - t
+
+        rec = record.to_dict()
+        parent = request.get("parent")
+        return Experience(
+            episode_id=request["episode_id"], kind=request["kind"], prompt_ids=prompt_ids,
+            response_ids=gen.response_ids, logprobs=gen.logprobs,
+            params_version=gen.params_version, reward=float(record.reward), record=rec,
+            plan=action.plan, code=action.code, response_stopped=gen.stopped,
+            started_at=started, finished_at=time.time(), busy_s=busy, timings=timings,
+            parent_episode=parent.get("episode_id") if parent else None)
+
+    async def _instrument(self, code: str) -> Any:
+        """LM instrumentation by the frozen copy (verified; static fallback) or static/none."""
+        if self.instrumenter.mode != "lm":
+            return self.instrumenter(code)
+        if self.frozen is None:
+            raise ValueError("instrumentation mode 'lm' needs the frozen-copy generation service")
+        gen = await self.frozen.generate(self.tokenizer.encode(self.instrumenter.prompt(code)))
+        response = self.tokenizer.decode(gen.response_ids)
+        return self.instrumenter.from_lm_response(code, response)

@@ -1,0 +1,134 @@
+"""Generation service: batches sampling requests from concurrent episodes onto the devices.
+
+Episodes call `await service.generate(prompt_ids)`; the service gathers the requests that
+arrive within `max_wait_s` (up to `max_batch`) into one call of the bucketed, jitted sampler,
+so K concurrent episodes cost one device call rather than K. The device work runs on a
+single-thread executor (the "device lane") shared with the learner, so the event loop, and
+with it every sandbox execution, keeps going while the devices sample or train.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass
+class Generation:
+    """One sampled response."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]  # sampled tokens up to and including the stop token
+    logprobs: list[float]  # behaviour log-probs of response_ids under the sampling distribution
+    stopped: bool  # ended on a stop token (False: hit max_new_tokens)
+    params_version: int
+
+
+@dataclasses.dataclass
+class _Request:
+    prompt_ids: list[int]
+    future: asyncio.Future
+
+
+class GenerationService:
+    """Serves `generate(prompt_ids)` for one parameter set (policy or frozen copy).
+
+    Args:
+      sampler: a `rl4mle_jax.sampling.Sampler`.
+      get_params: returns `(params, version)`; read at each batch, so new policy versions are
+        picked up as soon as the learner publishes them.
+      device_lane: the executor device work runs on (share one between services and learner).
+      sampling: keyword arguments for `sampler.generate` (temperature, top_p, top_k, ...).
+    """
+
+    def __init__(
+        self,
+        sampler: Any,
+        get_params: Callable[[], tuple[Any, int]],
+        device_lane: concurrent.futures.Executor,
+        rng: jax.Array,
+        max_batch: int = 8,
+        max_wait_s: float = 0.05,
+        **sampling: Any,
+    ):
+        self.sampler = sampler
+        self.get_params = get_params
+        self.device_lane = device_lane
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self.sampling = sampling
+        self._rng = rng
+        self._rng_lock = threading.Lock()
+        self._queue: asyncio.Queue[_Request] | None = None
+        self._worker: asyncio.Task | None = None
+        self.calls = 0
+        self.requests = 0
+
+    def _next_rng(self) -> jax.Array:
+        with self._rng_lock:
+            self._rng, key = jax.random.split(self._rng)
+        return key
+
+    def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._worker = asyncio.create_task(self._serve())
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+            self._worker = None
+
+    async def generate(self, prompt_ids: list[int]) -> Generation:
+        if self._queue is None:
+            raise RuntimeError("GenerationService.start() must be called inside the event loop")
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Request(list(prompt_ids), future))
+        return await future
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            deadline = loop.time() + self.max_wait_s
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(),
+                                                        max(deadline - loop.time(), 0)))
+                except asyncio.TimeoutError:
+                    break
+            try:
+                results = await loop.run_in_executor(self.device_lane, self._sample, batch)
+            except Exception as e:  # surface to every waiting episode, keep serving
+                for req in batch:
+                    if not req.future.done():
+                        req.future.set_exception(e)
+                continue
+            for req, result in zip(batch, results):
+                if not req.future.done():
+                    req.future.set_result(result)
+
+    def _sample(self, batch: list[_Request]) -> list[Generation]:
+        params, version = self.get_params()
+        out = self.sampler.generate(params, [r.prompt_ids for r in batch], self._next_rng(),
+                                    **self.sampling)
+        self.calls += 1
+        self.requests += len(batch)
+        tokens = np.asarray(out.tokens)
+        logprobs = np.asarray(out.logprobs)
+        lengths = np.asarray(out.lengths)
+        gens = []
+        for i, req in enumerate(batch):
+            n = int(lengths[i])
+            ids = tokens[i, :n].tolist()
+            stopped = bool(n and ids[-1] in set(self.sampler.stop_token_ids))
+            gens.append(Generation(req.prompt_ids, ids, logprobs[i, :n].astype(float).tolist(),
+                                   stopped, version))
+        return gens

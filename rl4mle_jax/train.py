@@ -1,0 +1,289 @@
+"""The asynchronous actor-learner loop.
+
+  RolloutPool (K episodes in flight, host asyncio)      Learner (jitted, sharded)
+    prompt → policy sample → instrument (frozen copy)     B finished episodes, fastest first
+    → sandbox (Δt) → grade on the reward split → reward   → PPO train_step with Δt weights
+    finished episodes queue up in completion order  ───▶  → new policy version to the sampler
+
+Device work (sampling, train steps) runs on one "device lane" thread; sandboxes run beside it,
+so executions continue while the learner trains. Everything a run makes goes to `workdir`:
+checkpoints/, experience.jsonl, metrics.jsonl, tb/, plots/, best_solution/, report.md.
+A run killed at any point resumes from its last checkpoint with the same command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from rl4mle_jax import checkpoint as ckpt_lib
+from rl4mle_jax import sharding
+from rl4mle_jax.components import Components, build_components
+from rl4mle_jax.env.instrument_lm import Instrumenter
+from rl4mle_jax.env.instrument_static import MILESTONES
+from rl4mle_jax.evaluate import best_of_n, save_eval
+from rl4mle_jax.logging import MetricLogger, plot_metrics
+from rl4mle_jax.report import brief_eval, write_best_solution, write_report
+from rl4mle_jax.rl.learner import make_learner
+from rl4mle_jax.rollout.batch import build_batch
+from rl4mle_jax.rollout.buffer import ExperienceLog, SolutionBuffer
+from rl4mle_jax.rollout.episode import EpisodeRunner, Experience
+from rl4mle_jax.rollout.pool import RolloutPool
+from rl4mle_jax.rollout.service import GenerationService
+
+log = logging.getLogger("rl4mle_jax.train")
+
+
+@dataclasses.dataclass
+class LoopState:
+    """Host-side state that goes into each checkpoint's metadata."""
+
+    step: int = 0
+    version: int = 0  # policy version = number of published updates
+    wall_s: float = 0.0  # RL wall-clock used so far, over all resumes
+    best_score: float | None = None
+    best_reward: float = float("-inf")
+    best_episode: int | None = None
+    episodes_trained: int = 0
+    episodes_dropped: int = 0
+
+
+def train(config: Any, workdir: str | Path) -> dict[str, Any]:
+    """Run (or resume) the loop the config describes; returns the final summary.
+
+    Order: build (or load the cached warm start) → best-of-N of the initial policy (cached in
+    the workdir) → RL until max_steps or the wall-clock budget → best-of-N of the final policy
+    → best solution and report.md.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=1))
+    comps = build_components(config, workdir)
+    key = jax.random.PRNGKey(config.seed)
+    n, temp, slots = config.run.eval_samples, config.sampling.temperature, config.run.slots
+    initial_path = workdir / "eval_initial.json"
+    if initial_path.exists():
+        initial = json.loads(initial_path.read_text())
+    else:
+        log.info("best-of-%d of the initial policy", n)
+        initial = best_of_n(comps, comps.params, n, jax.random.fold_in(key, 1), temp, slots)
+        save_eval(initial, initial_path)
+    trainer = _Trainer(config, workdir, comps)
+    summary = asyncio.run(trainer.run())
+    log.info("best-of-%d of the final policy", n)
+    final = best_of_n(comps, trainer.state.policy_params, n, jax.random.fold_in(key, 2), temp,
+                      slots)
+    save_eval(final, workdir / "eval_final.json")
+    best = write_best_solution(comps, workdir / "best_solution", trainer.buffer, final)
+    report = write_report(workdir, config, comps, initial, final, summary, best)
+    return {"workdir": str(workdir), "report": str(report), "initial": brief_eval(initial),
+            "final": brief_eval(final), **summary}
+
+
+class _Trainer:
+    def __init__(self, config: Any, workdir: Path, comps: Components):
+        self.config, self.workdir, self.c = config, workdir, comps
+        run = config.run
+        self.learner = make_learner(comps.model_config, dict(config.learner),
+                                    sharding.make_mesh(**config.mesh))
+        self.lane = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="device-lane")
+        self.ckpt = ckpt_lib.CheckpointManager(workdir / "checkpoints",
+                                               max_to_keep=run.keep_checkpoints)
+        self.explog = ExperienceLog(workdir / "experience.jsonl")
+        self.metrics = MetricLogger(workdir)
+        self.loop = LoopState()
+        self.buffer = SolutionBuffer(run.buffer_size)
+        self.frozen = self.learner.shard_params(comps.params)  # never updated
+        latest = self.ckpt.latest_step()
+        if latest is None:
+            self.state = self.learner.init_state(self.frozen,
+                                                 jax.random.PRNGKey(config.seed))
+        else:
+            self.state, meta = self.ckpt.restore(self.learner.abstract_state(), latest)
+            self.loop = LoopState(**meta["loop"])
+            self.buffer = SolutionBuffer.from_state_dict(meta["buffer"])
+            log.info("resumed from step %d (policy version %d, %.0f s of RL done)",
+                     self.loop.step, self.loop.version, self.loop.wall_s)
+
+    # --------------------------------------------------------------------- set-up
+    def _services(self) -> tuple[GenerationService, GenerationService | None]:
+        cfg, c = self.config, self.c
+        samp = cfg.sampling
+        key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 1_000_003 + self.loop.step)
+        policy = GenerationService(
+            c.sampler, lambda: (self.state.policy_params, self.loop.version), self.lane,
+            jax.random.fold_in(key, 0), max_batch=samp.max_batch, max_wait_s=samp.max_wait_s,
+            max_new_tokens=cfg.prompt.max_response_tokens, temperature=samp.temperature,
+            top_p=samp.top_p, top_k=samp.top_k)
+        frozen = None
+        if cfg.instrument.mode == "lm":
+            frozen = GenerationService(
+                c.sampler, lambda: (self.frozen, -1), self.lane, jax.random.fold_in(key, 1),
+                max_batch=samp.max_batch, max_wait_s=samp.max_wait_s,
+                max_new_tokens=cfg.instrument.max_new_tokens,
+                temperature=cfg.instrument.temperature)
+        return policy, frozen
+
+    # --------------------------------------------------------------------- the loop
+    async def run(self) -> dict[str, Any]:
+        cfg, run = self.config, self.config.run
+        policy, frozen = self._services()
+        instrumenter = Instrumenter(cfg.instrument.mode, chat_template=(
+            self.c.tokenizer.apply_chat_template if self.c.tokenizer.is_chat else None))
+        runner = EpisodeRunner(
+            self.c.task, self.c.tokenizer, policy, self.c.sandbox, instrumenter, self.buffer,
+            self.c.context, self.c.episode_cfg, self.c.reward_cfg, self.c.prompt_cfg,
+            frozen=frozen, rng=random.Random(cfg.seed * 7919 + self.explog.next_episode_id))
+        pool = RolloutPool(runner, runner.make_request, run.slots,
+                           first_episode_id=self.explog.next_episode_id)
+        for svc in (policy, frozen):
+            if svc is not None:
+                svc.start()
+        pool.start()
+        t_start, wall0 = time.time(), self.loop.wall_s
+        bar = tqdm(total=run.max_steps, initial=self.loop.step, desc="RL", unit="step",
+                   dynamic_ncols=True, disable=not run.progress)
+        ready: list[Experience] = []
+        try:
+            while not self._done():
+                finished = await pool.get_batch(1, timeout_s=5.0)
+                self.loop.wall_s = wall0 + time.time() - t_start
+                for f in finished:
+                    exp = self._accept(f)
+                    if exp is not None:
+                        ready.append(exp)
+                if len(ready) < run.batch_size:
+                    continue
+                batch, ready = ready[:run.batch_size], ready[run.batch_size:]
+                metrics = await asyncio.get_running_loop().run_in_executor(
+                    self.lane, self._learn, batch)
+                self.loop.wall_s = wall0 + time.time() - t_start
+                metrics.update(self._rollout_metrics(batch, pool, instrumenter))
+                self.metrics.write(self.loop.step, self.loop.wall_s, metrics)
+                if self.loop.step % run.checkpoint_every == 0 or self._done():
+                    self._save()
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}",
+                                best=_fmt(self.loop.best_score), refresh=False)
+        finally:
+            bar.close()
+            await pool.stop()
+            for svc in (policy, frozen):
+                if svc is not None:
+                    await svc.stop()
+        self._save(force=True)
+        self.ckpt.close()
+        self.explog.close()
+        self.metrics.close()
+        self.lane.shutdown()
+        plot_metrics(self.workdir / "metrics.jsonl", self.workdir / "plots")
+        return {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
+                "slots": pool.stats().to_dict(), "instrument": instrumenter.metrics()}
+
+    def _done(self) -> bool:
+        run = self.config.run
+        return (self.loop.step >= run.max_steps
+                or (run.time_budget_s > 0 and self.loop.wall_s >= run.time_budget_s))
+
+    def _accept(self, f: Any) -> Experience | None:
+        """Log a finished episode; keep it for training unless it failed or is too stale."""
+        if f.error is not None or f.result is None:
+            self.explog.append({"episode_id": f.episode_id, "kind": f.request.get("kind"),
+                                "error": f.error, "started_at": f.started_at,
+                                "finished_at": f.finished_at, "trained": False})
+            log.warning("episode %d failed: %s", f.episode_id, f.error)
+            return None
+        exp: Experience = f.result
+        staleness = self.loop.version - exp.params_version
+        keep = staleness <= self.config.run.max_staleness
+        self.explog.append(exp.log_record({"staleness": staleness, "trained": keep,
+                                           "wall_s": self.loop.wall_s}))
+        rec = exp.record
+        if rec["status"] == "valid" and exp.code is not None:
+            self.buffer.add(exp.code, exp.reward, record=rec, episode_id=exp.episode_id)
+            if exp.reward > self.loop.best_reward:
+                self.loop.best_reward, self.loop.best_score = exp.reward, rec["score"]
+                self.loop.best_episode = exp.episode_id
+        if not keep:
+            self.loop.episodes_dropped += 1
+            return None
+        return exp
+
+    def _learn(self, batch: list[Experience]) -> dict[str, float]:
+        """Runs on the device lane: batch → old values (and ref log-probs) → train_step."""
+        cfg = self.config
+        arrays = build_batch(batch, cfg.prompt.max_prompt_tokens, cfg.prompt.max_response_tokens,
+                             self.c.tokenizer.pad_id, cfg.run.duration_source)
+        learner, t0 = self.learner, time.perf_counter()
+        tokens, mask = arrays["tokens"], arrays["attention_mask"]
+        if learner.config.uses_critic:
+            logp, values = learner.compute_logprobs_and_values(
+                self.state.policy_params, self.state.critic_params, tokens, mask)
+            arrays["values_old"] = values
+            resp = arrays["response_mask"]
+            behaviour_gap = np.abs(np.asarray(logp) - arrays["old_logprobs"]) * resp
+        else:
+            behaviour_gap = None
+        if learner.config.uses_ref:
+            arrays["ref_logprobs"] = learner.compute_logprobs(self.frozen, tokens, mask)
+        self.state, metrics = learner.train_step(self.state, arrays)
+        out = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if behaviour_gap is not None:
+            # Sampler vs learner log-probs of the same tokens under the same params (only at
+            # staleness 0): a check that both compute the same distribution.
+            out["learner/behaviour_logp_gap_max"] = float(behaviour_gap.max())
+        self.loop.step += 1
+        self.loop.version += 1
+        self.loop.episodes_trained += len(batch)
+        out["time/train_step_s"] = time.perf_counter() - t0
+        return out
+
+    def _rollout_metrics(self, batch: list[Experience], pool: RolloutPool,
+                         instrumenter: Instrumenter) -> dict[str, float]:
+        recs = [e.record for e in batch]
+        rewards = np.asarray([e.reward for e in batch])
+        out = {
+            "reward/mean": float(rewards.mean()), "reward/max": float(rewards.max()),
+            "reward/valid_rate": float(np.mean([r["status"] == "valid" for r in recs])),
+            "duration/mean": float(np.mean([e.duration_s for e in batch])),
+            "duration/episode_mean": float(np.mean([e.finished_at - e.started_at
+                                                    for e in batch])),
+            "episodes/improve_rate": float(np.mean([e.kind == "improve" for e in batch])),
+            "episodes/staleness_mean": float(np.mean([self.loop.version - 1 - e.params_version
+                                                      for e in batch])),
+            "episodes/dropped": float(self.loop.episodes_dropped),
+            "buffer/size": float(len(self.buffer)),
+        }
+        if self.loop.best_score is not None:
+            out["score/best"] = float(self.loop.best_score)
+        for m in MILESTONES:
+            out[f"milestones/{m}"] = float(np.mean([m in r.get("milestones", []) for r in recs]))
+        stats = pool.stats()
+        out["slots/utilisation"] = stats.utilisation
+        out["slots/sync_utilisation"] = stats.sync_utilisation
+        inst = instrumenter.metrics()
+        out.update(inst)
+        if "instrument/lm_accept_rate" in inst:
+            out["instrument/accept_rate"] = inst["instrument/lm_accept_rate"]
+        return out
+
+    def _save(self, force: bool = False) -> None:
+        meta = {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
+                "config": self.config.to_dict(), "policy_version": self.loop.version}
+        self.ckpt.save(self.loop.step, self.state, meta, force=force)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
