@@ -63,3 +63,32 @@ def test_episode_errors_are_recorded_and_the_pool_goes_on():
 def test_bad_slot_count():
     with pytest.raises(ValueError, match="num_slots"):
         RolloutPool(lambda r: r, lambda i: i, num_slots=0)
+
+
+def test_real_sandbox_programs_arrive_in_completion_order(tmp_path):
+    from rl4mle_jax.env.sandbox import Sandbox
+
+    (tmp_path / "input").mkdir()
+    sandbox = Sandbox("bwrap", timeout_s=20, work_root=tmp_path / "runs")
+    # Episode 0 runs a slow program; the others a fast one. Two slots.
+    slow, fast = 6.0, 0.05
+
+    async def run_episode(request):
+        code = f"import time; time.sleep({request['sleep']}); print('done')"
+        res = await sandbox.arun(code, tmp_path / "input")
+        res.cleanup()
+        assert res.status == "ok", res.stderr
+        return {"sleep": request["sleep"], "busy_s": res.duration_s}
+
+    async def main():
+        pool = RolloutPool(run_episode,
+                           lambda i: {"sleep": slow if i == 0 else fast}, num_slots=2)
+        pool.start()
+        batch = await pool.get_batch(3, timeout_s=60)
+        await pool.stop()
+        return batch
+
+    batch = asyncio.run(main())
+    assert [f.result["sleep"] for f in batch] == [fast] * 3
+    assert all(f.episode_id != 0 for f in batch)
+    assert all(f.busy_s >= fast for f in batch)
