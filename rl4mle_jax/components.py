@@ -51,7 +51,7 @@ def validate_config(config: Any) -> None:
     need(bool(config.task), "task", "give a local task id or a task directory")
     need(config.env.backend in ("bwrap", "subprocess", "docker"), "env.backend",
          f"{config.env.backend!r} is not bwrap|subprocess|docker")
-    need(config.env.timeout_s > 0, "env.timeout_s", "must be positive")
+    need(config.env.timeout_s >= 0, "env.timeout_s", "must be >= 0 (0: the task's own limit)")
     need(config.run.slots >= 1, "run.slots", "must be >= 1")
     need(config.run.batch_size >= 1, "run.batch_size", "must be >= 1")
     need(config.run.max_steps >= 1, "run.max_steps", "must be >= 1")
@@ -78,40 +78,46 @@ def validate_config(config: Any) -> None:
          "(the learner recomputes log-probs at the sampling temperature)")
 
 
-def load_policy(config: Any, workdir: Path, task_ids: list[str]) -> tuple[Any, Any, Any, dict]:
-    """(model_config, params, tokenizer, source) from model.hf_dir or the warm start."""
-    dtype = jnp.dtype(config.model.dtype)
-    if config.model.hf_dir:
-        hf_dir = Path(config.model.hf_dir).expanduser()
-        model_config, params = models.load_hf_checkpoint(hf_dir, dtype=dtype)
-        return model_config, params, load_tokenizer(hf_dir), {"hf_dir": str(hf_dir)}
-    from rl4mle_jax import warmstart
-
-    ws_cfg = warmstart.WarmStartConfig.from_mapping(dict(config.warmstart.settings))
-    cache = Path(config.warmstart.cache_dir).expanduser() if config.warmstart.cache_dir else None
-    ws = warmstart.build_warmstart(task_ids, config=ws_cfg, cache_dir=cache)
-    model_config, params = models.load_hf_checkpoint(ws.hf_dir, dtype=dtype)
-    source = {"warmstart": str(ws.hf_dir), "cached": ws.cached, **ws.stats}
-    return model_config, params, load_tokenizer(ws.hf_dir), source
+def _prompt_config(config: Any, chat: bool) -> prompts_lib.PromptConfig:
+    return prompts_lib.PromptConfig(
+        max_prompt_tokens=config.prompt.max_prompt_tokens,
+        max_response_tokens=config.prompt.max_response_tokens,
+        system_prompt=prompts_lib.QWEN_DEFAULT_SYSTEM if chat else None)
 
 
 def build_components(config: Any, workdir: Path) -> Components:
+    """Everything a run needs, from a validated config (the warm start is built if missing)."""
     validate_config(config)
     data_root = config.data_root or None
     task_path = Path(str(config.task)).expanduser()
     task = (load_task(task_path, data_root) if task_path.exists()
             else prepare_task(str(config.task), data_root))
-    model_config, params, tokenizer, source = load_policy(config, workdir, [task.id])
-    prompt_cfg = prompts_lib.PromptConfig(
-        max_prompt_tokens=config.prompt.max_prompt_tokens,
-        max_response_tokens=config.prompt.max_response_tokens,
-        system_prompt=(prompts_lib.QWEN_DEFAULT_SYSTEM if tokenizer.is_chat else None))
     env = config.env
-    sandbox = Sandbox(backend=env.backend, timeout_s=env.timeout_s, memory_mb=env.memory_mb,
+    timeout_s = float(env.timeout_s or task.timeout_s)
+    sandbox = Sandbox(backend=env.backend, timeout_s=timeout_s, memory_mb=env.memory_mb,
                       cpus=env.cpus)
-    libraries = prompts_lib.probe_libraries(sandbox, input_dir=task.input_dir("reward"))
-    context = prompts_lib.task_context(task, sorted(libraries), "reward", prompt_cfg)
-    context = dataclasses.replace(context, timeout_s=float(env.timeout_s))
+    # What the prompt lists as installed is probed inside the sandbox the programs run in.
+    libraries = sorted(prompts_lib.probe_libraries(sandbox, input_dir=task.input_dir("reward")))
+    dtype = jnp.dtype(config.model.dtype)
+    if config.model.hf_dir:
+        hf_dir = Path(config.model.hf_dir).expanduser()
+        tokenizer = load_tokenizer(hf_dir)
+        source: dict[str, Any] = {"hf_dir": str(hf_dir)}
+    else:
+        from rl4mle_jax import warmstart
+
+        # The warm start renders its demonstrations with the very prompts the loop will use.
+        cache = Path(config.warmstart.cache_dir or "~/.cache/rl4mle_jax/warmstart").expanduser()
+        ws = warmstart.build_warmstart(
+            [task.id], cache, dict(config.warmstart.settings),
+            prompt_config=_prompt_config(config, chat=False), libraries=libraries,
+            sandbox=sandbox, data_root=data_root, log=log.info)
+        hf_dir, tokenizer = ws.hf_dir, load_tokenizer(ws.hf_dir)
+        source = {"warmstart": str(ws.hf_dir), "cached": ws.cached, **ws.stats}
+    model_config, params = models.load_hf_checkpoint(hf_dir, dtype=dtype)
+    prompt_cfg = _prompt_config(config, tokenizer.is_chat)
+    context = dataclasses.replace(prompts_lib.task_context(task, libraries, "reward", prompt_cfg),
+                                  timeout_s=timeout_s)  # the prompt states the real limit
     samp = config.sampling
     sampler = Sampler(model_config, tokenizer.stop_token_ids, tokenizer.pad_id,
                       prompt_buckets=tuple(samp.prompt_buckets),
@@ -122,5 +128,5 @@ def build_components(config: Any, workdir: Path) -> Components:
         sampler=sampler, sandbox=sandbox, context=context, prompt_cfg=prompt_cfg,
         reward_cfg=RewardConfig(**dict(config.reward)),
         episode_cfg=EpisodeConfig(improve_prob=config.run.improve_prob, split="reward",
-                                  timeout_s=env.timeout_s),
+                                  timeout_s=timeout_s),
         source=source)
