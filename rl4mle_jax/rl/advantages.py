@@ -1,0 +1,209 @@
+"""Advantage estimators over [B, T] token arrays: GAE (default) and group baselines (GRPO, RLOO).
+
+Layout: prompt + response in one row, prompt left padded, response right padded;
+`response_mask_bt` is 1 on response tokens. Each episode has one scalar score, placed at its
+last response token (`token_rewards`), optionally with a per-token KL penalty (KL in reward).
+Compute advantages once on the whole batch, before any micro-batching: whitening and group
+statistics are batch-level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+
+class Advantages(NamedTuple):
+    advantages_bt: jax.Array  # 0 outside the response mask
+    returns_bt: jax.Array  # critic targets; 0 outside the response mask
+
+
+def _check_mask(response_mask_bt: jax.Array, **others: jax.Array | None) -> None:
+    chex.assert_rank(response_mask_bt, 2, custom_message="response_mask_bt must be [B, T]")
+    for name, x in others.items():
+        if x is None:
+            continue
+        if name.endswith("_b"):
+            chex.assert_shape(x, response_mask_bt.shape[:1], custom_message=f"{name} must be [B]")
+        else:
+            chex.assert_shape(x, response_mask_bt.shape,
+                              custom_message=f"{name} must match response_mask_bt")
+
+
+def last_token_onehot(response_mask_bt: jax.Array) -> jax.Array:
+    """[B, T] float32 one-hot of the last response token of each row (all zero if none)."""
+    mask = response_mask_bt.astype(jnp.float32)
+    t = mask.shape[1]
+    last_b = t - 1 - jnp.argmax(mask[:, ::-1], axis=1)
+    return jax.nn.one_hot(last_b, t, dtype=jnp.float32) * (jnp.sum(mask, axis=1) > 0)[:, None]
+
+
+def token_rewards(
+    scores_b: jax.Array,
+    response_mask_bt: jax.Array,
+    kl_bt: jax.Array | None = None,
+    kl_coef: float = 0.0,
+) -> jax.Array:
+    """Token rewards [B, T]: score at the last response token, minus kl_coef·KL on each token."""
+    _check_mask(response_mask_bt, scores_b=scores_b, kl_bt=kl_bt)
+    rewards = last_token_onehot(response_mask_bt) * scores_b.astype(jnp.float32)[:, None]
+    if kl_bt is not None:
+        rewards = rewards - kl_coef * kl_bt.astype(jnp.float32) * response_mask_bt
+    return rewards
+
+
+def gae(
+    token_rewards_bt: jax.Array,
+    values_bt: jax.Array,
+    response_mask_bt: jax.Array,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> Advantages:
+    """GAE by a reverse scan over time; masked positions pass the carry through unchanged.
+
+    δ_t = r_t + γ V_next − V_t,  A_t = δ_t + γλ A_next, where "next" is the next response
+    token of the row (V_next = A_next = 0 after the last one). Returns = A + V.
+    """
+    _check_mask(response_mask_bt, token_rewards_bt=token_rewards_bt, values_bt=values_bt)
+    mask_tb = response_mask_bt.astype(jnp.float32).T
+    rewards_tb = token_rewards_bt.astype(jnp.float32).T
+    values_tb = values_bt.astype(jnp.float32).T
+
+    def step(carry, xs):
+        next_value, next_adv = carry  # [B], [B]
+        r, v, m = xs
+        adv = r + gamma * next_value - v + gamma * lam * next_adv
+        carry = (m * v + (1.0 - m) * next_value, m * adv + (1.0 - m) * next_adv)
+        return carry, adv * m
+
+    zeros = jnp.zeros(mask_tb.shape[1], jnp.float32)
+    _, adv_tb = jax.lax.scan(step, (zeros, zeros), (rewards_tb, values_tb, mask_tb), reverse=True)
+    adv_bt = adv_tb.T
+    return Advantages(adv_bt, (adv_bt + values_tb.T) * mask_tb.T)
+
+
+def whiten(
+    x_bt: jax.Array, mask_bt: jax.Array, shift_mean: bool = True, eps: float = 1e-8
+) -> jax.Array:
+    """(x − mean)/sqrt(var + eps) over the masked entries of the whole batch; 0 outside the mask.
+
+    var is the unbiased (n − 1) masked variance, as verl computes it.
+    """
+    chex.assert_equal_shape([x_bt, mask_bt], custom_message="x_bt vs mask_bt")
+    mask = mask_bt.astype(jnp.float32)
+    n = jnp.sum(mask)
+    mean = jnp.sum(x_bt * mask) / jnp.maximum(n, 1.0)
+    var = jnp.sum(jnp.square(x_bt - mean) * mask) / jnp.maximum(n - 1.0, 1.0)
+    out = (x_bt - mean) * jax.lax.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * mask
+
+
+def _group_stats(
+    scores_b: jax.Array, group_ids_b: jax.Array | None, valid_b: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-row group sum, count and unbiased std of the scores (over valid rows only)."""
+    if group_ids_b is None:
+        group_ids_b = jnp.zeros(scores_b.shape, jnp.int32)
+    same_bb = (group_ids_b[:, None] == group_ids_b[None, :]) * valid_b[None, :]
+    count_b = jnp.sum(same_bb, axis=1)
+    sum_b = same_bb @ scores_b
+    mean_b = sum_b / jnp.maximum(count_b, 1.0)
+    sq_b = jnp.sum(same_bb * jnp.square(scores_b[None, :] - mean_b[:, None]), axis=1)
+    std_b = jnp.sqrt(sq_b / jnp.maximum(count_b - 1.0, 1.0))
+    return sum_b, count_b, std_b
+
+
+def group_advantages(
+    scores_b: jax.Array,
+    valid_b: jax.Array,
+    group_ids_b: jax.Array | None = None,
+    method: str = "grpo",
+    eps: float = 1e-6,
+    normalize_std: bool = True,
+) -> jax.Array:
+    """Per-episode advantages [B] from a group baseline; groups of one get advantage 0.
+
+    grpo: (r − mean_group)/(std_group + eps) (std unbiased; normalize_std=False skips it);
+    rloo: r − mean of the other members of the group.
+    group_ids_b None: the whole batch is one group.
+    """
+    chex.assert_rank(scores_b, 1, custom_message="scores_b must be [B]")
+    scores = scores_b.astype(jnp.float32)
+    valid = valid_b.astype(jnp.float32)
+    sum_b, count_b, std_b = _group_stats(scores, group_ids_b, valid)
+    if method == "grpo":
+        adv = scores - sum_b / jnp.maximum(count_b, 1.0)
+        if normalize_std:
+            adv = adv / (std_b + eps)
+    elif method == "rloo":
+        adv = scores - (sum_b - scores) / jnp.maximum(count_b - 1.0, 1.0)
+    else:
+        raise ValueError(f"group baseline {method!r} is not one of ('grpo', 'rloo')")
+    return jnp.where(count_b > 1, adv, 0.0) * valid
+
+
+Estimator = Callable[..., Advantages]
+
+
+def _gae_estimator(rewards_bt, response_mask_bt, values_bt, group_ids_b, gamma, lam):
+    if values_bt is None:
+        raise ValueError("advantage estimator 'gae' needs values_bt (the critic's values)")
+    return gae(rewards_bt, values_bt, response_mask_bt, gamma, lam)
+
+
+def _group_estimator(method: str) -> Estimator:
+    def estimator(rewards_bt, response_mask_bt, values_bt, group_ids_b, gamma, lam):
+        del values_bt, gamma, lam  # one-step credit: every token gets the episode's advantage
+        mask = response_mask_bt.astype(jnp.float32)
+        scores_b = jnp.sum(rewards_bt, axis=1)  # score minus the summed KL penalty, as verl
+        adv_b = group_advantages(scores_b, jnp.sum(mask, axis=1) > 0, group_ids_b, method)
+        return Advantages(adv_b[:, None] * mask, scores_b[:, None] * mask)
+
+    return estimator
+
+
+# name -> (estimator, whiten the advantages over the batch by default)
+ADVANTAGE_ESTIMATORS: dict[str, tuple[Estimator, bool]] = {
+    "gae": (_gae_estimator, True),
+    "grpo": (_group_estimator("grpo"), False),
+    "rloo": (_group_estimator("rloo"), False),
+}
+
+
+def compute_advantages(
+    estimator: str,
+    scores_b: jax.Array,
+    response_mask_bt: jax.Array,
+    *,
+    values_bt: jax.Array | None = None,
+    kl_bt: jax.Array | None = None,
+    kl_coef: float = 0.0,
+    group_ids_b: jax.Array | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten_advantages: bool | None = None,
+) -> Advantages:
+    """Token rewards → advantages and returns with the estimator registered under `estimator`.
+
+    Args:
+      kl_bt, kl_coef: per-token KL to the reference, subtracted from the token rewards.
+      group_ids_b: int [B] group of each episode (e.g. its prompt) for grpo/rloo.
+      whiten_advantages: None uses the estimator's default (gae: True, grpo/rloo: False).
+    """
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"advantage estimator {estimator!r} is not one of "
+                         f"{tuple(ADVANTAGE_ESTIMATORS)}")
+    _check_mask(response_mask_bt, scores_b=scores_b, values_bt=values_bt,
+                group_ids_b=group_ids_b)
+    fn, default_whiten = ADVANTAGE_ESTIMATORS[estimator]
+    rewards_bt = token_rewards(scores_b, response_mask_bt, kl_bt, kl_coef)
+    out = fn(rewards_bt, response_mask_bt, values_bt, group_ids_b, gamma, lam)
+    if default_whiten if whiten_advantages is None else whiten_advantages:
+        out = Advantages(whiten(out.advantages_bt, response_mask_bt), out.returns_bt)
+    return out

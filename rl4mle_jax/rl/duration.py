@@ -1,0 +1,70 @@
+"""Duration-aware gradient (DAG) weights: one weight per sample from its execution time Δt.
+
+In asynchronous RL a sample that takes Δt seconds comes back at a rate ∝ π(x)/Δt_x, so its
+policy-gradient term is over-counted by 1/Δt. Multiplying each sample's term by Δt (rescaled
+so that the weights average to one over the batch) cancels this:
+
+    "off":        w_i = 1
+    "batch_mean": w_i = Δt_i / mean_j(Δt_j)
+    "log1p":      w_i = log1p(Δt_i) / mean_j(log1p(Δt_j))     (a softer correction)
+
+The mean runs over the valid rows of the batch (`valid_b`), so padding rows added to fill a
+batch bucket do not change the weights of the real ones. The weights depend on Δt only, never
+on response length; how they enter the loss is documented in `ppo.aggregate`.
+Compute them once on the full batch (not per micro-batch) so accumulation stays exact.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+DURATION_MODES = ("off", "batch_mean", "log1p")
+
+
+def _canonical_mode(mode: str) -> str:
+    canon = mode.replace("-", "_")
+    if canon not in DURATION_MODES:
+        raise ValueError(f"duration weight mode {mode!r} is not one of {DURATION_MODES}")
+    return canon
+
+
+def duration_weights(
+    durations_b: jax.Array,
+    mode: str = "batch_mean",
+    valid_b: jax.Array | None = None,
+    max_weight: float | None = None,
+) -> jax.Array:
+    """Per-sample DAG weights [B] (float32) that average to 1 over the valid rows.
+
+    Args:
+      durations_b: execution time Δt of each episode in seconds, >= 0.
+      mode: "off", "batch_mean" (the paper's) or "log1p"; "batch-mean" is accepted too.
+      valid_b: optional [B] bool/0-1 mask of real rows; invalid rows get weight 0.
+      max_weight: optional cap applied after normalisation (None: no cap, as in the paper).
+    """
+    mode = _canonical_mode(mode)
+    durations_b = jnp.asarray(durations_b)
+    chex.assert_rank(durations_b, 1, custom_message="durations_b must be [B]")
+    if not isinstance(durations_b, jax.core.Tracer):
+        host = np.asarray(durations_b)
+        if not np.all(np.isfinite(host)) or np.any(host < 0):
+            raise ValueError(f"durations_b must be finite and >= 0, got {host.tolist()}")
+    if valid_b is None:
+        valid_b = jnp.ones(durations_b.shape, jnp.float32)
+    else:
+        chex.assert_equal_shape([durations_b, valid_b], custom_message="valid_b vs durations_b")
+        valid_b = jnp.asarray(valid_b).astype(jnp.float32)
+    if mode == "off":
+        return valid_b
+    x_b = durations_b.astype(jnp.float32)
+    if mode == "log1p":
+        x_b = jnp.log1p(x_b)
+    mean = jnp.sum(x_b * valid_b) / jnp.maximum(jnp.sum(valid_b), 1.0)
+    # An all-zero batch (every Δt == 0) carries no timing information: fall back to weight 1.
+    w_b = jnp.where(mean > 0, x_b / jnp.where(mean > 0, mean, 1.0), 1.0) * valid_b
+    if max_weight is not None:
+        w_b = jnp.minimum(w_b, max_weight)
+    return w_b

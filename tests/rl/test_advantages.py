@@ -1,0 +1,154 @@
+"""GAE, whitening and group baselines against NumPy loops on a left/right padded batch."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl4mle_jax.rl import advantages as adv_lib
+
+# Prompt region 3 (left padded), response region 5 (right padded); row 3 has no response.
+MASK = np.array([
+    [0, 0, 0, 1, 1, 1, 1, 1],
+    [0, 0, 0, 1, 1, 1, 0, 0],
+    [0, 0, 0, 1, 0, 0, 0, 0],
+    [0, 0, 0, 0, 0, 0, 0, 0],
+    [0, 0, 0, 1, 1, 0, 0, 0],
+], np.float32)
+B, T = MASK.shape
+SCORES = np.array([0.67, -10.0, 0.62, 5.0, -9.8], np.float32)
+
+
+def _np_token_rewards(scores, mask, kl=None, coef=0.0):
+    r = np.zeros(mask.shape)
+    for i in range(mask.shape[0]):
+        valid = [t for t in range(mask.shape[1]) if mask[i, t]]
+        if valid:
+            r[i, valid[-1]] = scores[i]
+        for t in valid:
+            r[i, t] -= coef * (kl[i, t] if kl is not None else 0.0)
+    return r
+
+
+def _np_gae(rewards, values, mask, gamma, lam):
+    """Per row: walk the response tokens backwards (the textbook recursion, no carry tricks)."""
+    adv = np.zeros(mask.shape)
+    for i in range(mask.shape[0]):
+        idx = [t for t in range(mask.shape[1]) if mask[i, t]]
+        next_v, next_a = 0.0, 0.0
+        for t in reversed(idx):
+            delta = rewards[i, t] + gamma * next_v - values[i, t]
+            adv[i, t] = delta + gamma * lam * next_a
+            next_v, next_a = values[i, t], adv[i, t]
+    return adv, (adv + values) * mask
+
+
+def _np_whiten(x, mask):
+    vals = np.array([x[i, t] for i in range(B) for t in range(T) if mask[i, t]], np.float64)
+    mean, var = vals.mean(), vals.var(ddof=1)
+    return (x - mean) / np.sqrt(var + 1e-8) * mask
+
+
+def test_token_rewards_with_kl_penalty():
+    kl = np.random.default_rng(0).uniform(0, 1, (B, T)).astype(np.float32)
+    got = adv_lib.token_rewards(jnp.asarray(SCORES), jnp.asarray(MASK), jnp.asarray(kl), 0.1)
+    np.testing.assert_allclose(np.asarray(got), _np_token_rewards(SCORES, MASK, kl, 0.1),
+                               rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0)])
+def test_gae_matches_numpy(gamma, lam):
+    rng = np.random.default_rng(1)
+    values = rng.normal(0, 1, (B, T)).astype(np.float32)
+    rewards = _np_token_rewards(SCORES, MASK) + rng.normal(0, 0.1, (B, T)) * MASK
+    out = adv_lib.gae(jnp.asarray(rewards, jnp.float32), jnp.asarray(values), jnp.asarray(MASK),
+                      gamma, lam)
+    ref_adv, ref_ret = _np_gae(rewards, values, MASK, gamma, lam)
+    np.testing.assert_allclose(np.asarray(out.advantages_bt), ref_adv, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(out.returns_bt), ref_ret, rtol=1e-5, atol=1e-6)
+
+
+def test_gae_default_is_reward_to_go_minus_value():
+    values = np.random.default_rng(2).normal(0, 1, (B, T)).astype(np.float32)
+    out = jax.jit(adv_lib.gae)(jnp.asarray(_np_token_rewards(SCORES, MASK), jnp.float32),
+                               jnp.asarray(values), jnp.asarray(MASK))
+    # γ = λ = 1, reward only at the end: A_t = score − V_t, returns = score on every token
+    np.testing.assert_allclose(np.asarray(out.advantages_bt), (SCORES[:, None] - values) * MASK *
+                               (MASK.sum(1) > 0)[:, None], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(out.returns_bt), SCORES[:, None] * MASK, rtol=1e-6)
+
+
+def test_whiten_matches_numpy():
+    x = np.random.default_rng(3).normal(2, 3, (B, T)).astype(np.float32)
+    x[MASK == 0] = 1e4  # padding must not enter the statistics
+    got = np.asarray(adv_lib.whiten(jnp.asarray(x), jnp.asarray(MASK)))
+    np.testing.assert_allclose(got, _np_whiten(x, MASK), rtol=1e-5, atol=1e-6)
+    kept = np.asarray(adv_lib.whiten(jnp.asarray(x), jnp.asarray(MASK), shift_mean=False))
+    mean = x[MASK > 0].mean()
+    np.testing.assert_allclose(kept[MASK > 0], got[MASK > 0] + mean, rtol=1e-5)
+
+
+def _np_group(scores, valid, groups, method):
+    out = np.zeros(len(scores))
+    for i in range(len(scores)):
+        if not valid[i]:
+            continue
+        members = [j for j in range(len(scores)) if valid[j] and groups[j] == groups[i]]
+        if len(members) < 2:
+            continue
+        vals = np.array([scores[j] for j in members], np.float64)
+        if method == "grpo":
+            out[i] = (scores[i] - vals.mean()) / (vals.std(ddof=1) + 1e-6)
+        else:
+            others = [scores[j] for j in members if j != i]
+            out[i] = scores[i] - np.mean(others)
+    return out
+
+
+@pytest.mark.parametrize("method", ["grpo", "rloo"])
+def test_group_baselines_match_numpy(method):
+    scores = np.array([1.0, 0.2, -3.0, 0.7, 0.7, 2.5, 9.0], np.float32)
+    groups = np.array([0, 0, 0, 1, 1, 2, 0], np.int32)  # group 2 is a singleton
+    valid = np.array([1, 1, 1, 1, 1, 1, 0], np.float32)  # row 6: padding
+    got = adv_lib.group_advantages(jnp.asarray(scores), jnp.asarray(valid), jnp.asarray(groups),
+                                   method)
+    np.testing.assert_allclose(np.asarray(got), _np_group(scores, valid, groups, method),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_compute_advantages_registry():
+    rng = np.random.default_rng(4)
+    values = rng.normal(0, 1, (B, T)).astype(np.float32)
+    kl = rng.uniform(0, 0.5, (B, T)).astype(np.float32)
+    out = adv_lib.compute_advantages("gae", jnp.asarray(SCORES), jnp.asarray(MASK),
+                                     values_bt=jnp.asarray(values), kl_bt=jnp.asarray(kl),
+                                     kl_coef=0.05)
+    ref_adv, ref_ret = _np_gae(_np_token_rewards(SCORES, MASK, kl, 0.05), values, MASK, 1, 1)
+    np.testing.assert_allclose(np.asarray(out.advantages_bt), _np_whiten(ref_adv, MASK),
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(out.returns_bt), ref_ret, rtol=1e-5, atol=1e-6)
+
+    groups = np.array([0, 0, 1, 1, 1], np.int32)
+    out = adv_lib.compute_advantages("rloo", jnp.asarray(SCORES), jnp.asarray(MASK),
+                                     group_ids_b=jnp.asarray(groups))
+    per_seq = _np_group(SCORES, MASK.sum(1) > 0, groups, "rloo")
+    np.testing.assert_allclose(np.asarray(out.advantages_bt), per_seq[:, None] * MASK,
+                               rtol=1e-5, atol=1e-6)
+    out = adv_lib.compute_advantages("grpo", jnp.asarray(SCORES), jnp.asarray(MASK),
+                                     whiten_advantages=True)
+    per_seq = _np_group(SCORES, MASK.sum(1) > 0, np.zeros(B), "grpo")
+    np.testing.assert_allclose(np.asarray(out.advantages_bt),
+                               _np_whiten(per_seq[:, None] * MASK, MASK), rtol=1e-4, atol=1e-5)
+
+
+def test_bad_inputs_name_the_tensor():
+    with pytest.raises(ValueError, match="advantage estimator 'ppo' is not one of"):
+        adv_lib.compute_advantages("ppo", jnp.asarray(SCORES), jnp.asarray(MASK))
+    with pytest.raises(ValueError, match="'gae' needs values_bt"):
+        adv_lib.compute_advantages("gae", jnp.asarray(SCORES), jnp.asarray(MASK))
+    with pytest.raises(AssertionError, match="scores_b must be"):
+        adv_lib.compute_advantages("grpo", jnp.asarray(SCORES[:3]), jnp.asarray(MASK))
+    with pytest.raises(AssertionError, match="values_bt must match response_mask_bt"):
+        adv_lib.gae(jnp.zeros((B, T)), jnp.zeros((B, T + 1)), jnp.asarray(MASK))
+    with pytest.raises(ValueError, match="group baseline 'mean'"):
+        adv_lib.group_advantages(jnp.asarray(SCORES), jnp.ones(B), method="mean")
