@@ -1,0 +1,110 @@
+"""Sandboxed execution of one untrusted Python program per call.
+
+    sb = Sandbox(backend="bwrap", timeout_s=300, memory_mb=8192, cpus=1)
+    res = sb.run(code, input_dir)                      # thread-safe
+    res = await sb.arun(code, input_dir)               # many at once from asyncio
+    res.status, res.duration_s, res.submission_exists, res.submission_path; res.cleanup()
+
+The program runs with cwd = a fresh workdir holding `input/` (read-only view of input_dir) and
+`submission/` (writable); it writes `./submission/submission.csv`. The workdir is kept for the
+caller, who deletes it (`ExecResult.cleanup()`) after reading the submission.
+Backends: "bwrap" (default; namespaces, see bwrap.py), "subprocess" (rlimits only, says loudly
+that it is weaker), "docker" (docker SDK, for clusters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from rl4mle_jax.env.sandbox.common import Limits, default_work_root
+from rl4mle_jax.env.sandbox.result import STATUSES, ExecResult
+
+__all__ = ["Sandbox", "ExecResult", "STATUSES", "BACKENDS"]
+
+BACKENDS = ("bwrap", "subprocess", "docker")
+
+
+class Sandbox:
+    """Runs untrusted programs with limits; see the module docstring.
+
+    memory_mb: address-space limit (RLIMIT_AS; a cgroup limit for docker). cpus: the slot's CPU
+    share, which sets OMP/MKL/OpenBLAS thread counts. max_procs: processes + threads of the
+    program. max_file_mb: largest file it may write. output_bytes: kept per stream (head+tail).
+    python: host interpreter whose libraries programs may import (default: this one).
+    """
+
+    def __init__(self, backend: str = "bwrap", timeout_s: float = 300.0,
+                 memory_mb: int | None = 8192, cpus: float = 1.0, max_procs: int | None = 256,
+                 max_file_mb: int | None = 1024, output_bytes: int = 256 * 1024,
+                 python: str | None = None, work_root: str | Path | None = None,
+                 image: str = "python:3.11-slim", max_concurrency: int = 64,
+                 docker_client: Any = None):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {BACKENDS}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.backend_name = backend
+        self.limits = Limits(timeout_s=float(timeout_s), memory_mb=memory_mb, cpus=float(cpus),
+                             max_procs=max_procs, max_file_mb=max_file_mb,
+                             output_bytes=int(output_bytes))
+        self.python = python or sys.executable
+        self.work_root = Path(work_root) if work_root is not None else default_work_root()
+        if backend == "bwrap":
+            from rl4mle_jax.env.sandbox.bwrap import BwrapBackend
+
+            self._backend: Any = BwrapBackend(self.python, self.work_root)
+        elif backend == "subprocess":
+            from rl4mle_jax.env.sandbox.subprocess_backend import SubprocessBackend
+
+            self._backend = SubprocessBackend(self.python, self.work_root)
+        else:
+            from rl4mle_jax.env.sandbox.docker_backend import DockerBackend
+
+            self._backend = DockerBackend(image, self.work_root, client=docker_client)
+        self._executor = ThreadPoolExecutor(max_workers=max_concurrency,
+                                            thread_name_prefix="sandbox")
+
+    def run(self, code: str, input_dir: str | Path, timeout_s: float | None = None,
+            env: dict[str, str] | None = None, workdir: str | Path | None = None) -> ExecResult:
+        """Run `code` as ./main.py; blocks until it ends or times out."""
+        input_dir = Path(input_dir)
+        if not input_dir.is_dir():
+            raise FileNotFoundError(f"sandbox input_dir {input_dir} is not a directory")
+        target = Path(workdir) if workdir is not None else self.work_root
+        if target.resolve().is_relative_to(input_dir.resolve()):
+            kind = "workdir" if workdir is not None else "work_root"
+            raise ValueError(f"sandbox {kind} {target} lies inside input_dir {input_dir}; the "
+                             "program would see (and a copy would recurse into) its own runs")
+        limits = self.limits
+        if timeout_s is not None:
+            if timeout_s <= 0:
+                raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+            limits = Limits(**{**limits.__dict__, "timeout_s": float(timeout_s)})
+        return self._backend.run(code, input_dir, limits, env,
+                                 Path(workdir) if workdir is not None else None)
+
+    async def arun(self, code: str, input_dir: str | Path, timeout_s: float | None = None,
+                   env: dict[str, str] | None = None,
+                   workdir: str | Path | None = None) -> ExecResult:
+        """`run` on the sandbox's own thread pool (max_concurrency at once), awaitable."""
+        loop = asyncio.get_running_loop()
+        call = functools.partial(self.run, code, input_dir, timeout_s=timeout_s, env=env,
+                                 workdir=workdir)
+        return await loop.run_in_executor(self._executor, call)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Sandbox(backend={self.backend_name!r}, {self.limits})"
