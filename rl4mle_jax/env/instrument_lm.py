@@ -1,0 +1,218 @@
+"""LM instrumenter (the paper's method) with verification, and the `Instrumenter` facade.
+
+The frozen model is asked to return the program with `print("@@MILESTONE <name>")` lines
+inserted and nothing else changed. Its answer is accepted only if the syntax tree, with those
+prints removed, equals the original's (`ast.dump` without positions). The model never sees a
+nonce: from an accepted answer we keep only *where* each print went and place our own nonce
+markers into the original text at those spots, so the executed program is the agent's code
+byte for byte plus markers. Rejected answers fall back to the static instrumenter.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+from rl4mle_jax.env.actions import extract_code_block
+from rl4mle_jax.env.instrument import (
+    InstrumentedProgram,
+    instrument_static,
+    new_placeholder,
+    place_markers,
+)
+from rl4mle_jax.env.instrument_static import MILESTONES, Placement, has_training_call
+
+LM_MARKER = "@@MILESTONE"
+_LM_MARKER_RE = re.compile(rf"^\s*{LM_MARKER}:?\s+([A-Za-z_ ]+?)\s*$")
+_MILESTONE_HELP = {
+    "libraries_imported": "after the imports",
+    "data_loaded": "after the input data is read",
+    "model_defined": "after the model is created",
+    "model_trained": "after the model is trained (fit)",
+    "predictions_made": "after the predictions are computed",
+    "submission_written": "after ./submission/submission.csv is written",
+}
+_SIMPLE = (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Import, ast.ImportFrom,
+           ast.Delete, ast.Assert, ast.Pass, ast.Global, ast.Nonlocal, ast.Return, ast.Raise,
+           ast.Break, ast.Continue)
+
+
+def lm_instrument_prompt(code: str) -> str:
+    """The instruction given to the frozen model."""
+    steps = "\n".join(f'- {m}: {h}' for m, h in _MILESTONE_HELP.items())
+    return (
+        "Insert progress prints into the Python program below without changing anything else.\n"
+        f'Right after the statement where each step first happens, add a line\n'
+        f'print("{LM_MARKER} <step>") with the step name, for these steps:\n{steps}\n'
+        "Do not change, remove, reorder or add any other code. Reply with the complete program "
+        "in one ```python block.\n\n```python\n" + code.rstrip("\n") + "\n```\n"
+    )
+
+
+def _marker_milestone(stmt: ast.stmt) -> str | None:
+    """The milestone of an inserted `print("@@MILESTONE name")` statement, else None."""
+    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+        return None
+    call = stmt.value
+    if not (isinstance(call.func, ast.Name) and call.func.id == "print" and len(call.args) == 1
+            and all(kw.arg == "flush" for kw in call.keywords)):
+        return None
+    arg = call.args[0]
+    if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
+        return None
+    m = _LM_MARKER_RE.match(arg.value)
+    if not m:
+        return None
+    name = m.group(1).strip().lower().replace(" ", "_")
+    return name if name in MILESTONES else None
+
+
+def _strip_markers(tree: ast.AST) -> list[tuple[ast.AST, str, int, str]]:
+    """Removes marker prints in place; returns (parent, field, index after removal, milestone)."""
+    removed = []
+    for node in list(ast.walk(tree)):
+        for fname, value in ast.iter_fields(node):
+            if not (isinstance(value, list) and value and isinstance(value[0], ast.stmt)):
+                continue
+            kept = []
+            for stmt in value:
+                ms = _marker_milestone(stmt)
+                if ms is None:
+                    kept.append(stmt)
+                else:
+                    removed.append((node, fname, len(kept), ms))
+            setattr(node, fname, kept)
+    return removed
+
+
+def _pair(a: ast.AST, b: ast.AST, out: dict[int, ast.AST]) -> None:
+    out[id(a)] = b
+    for (_, va), (_, vb) in zip(ast.iter_fields(a), ast.iter_fields(b)):
+        if isinstance(va, ast.AST):
+            _pair(va, vb, out)
+        elif isinstance(va, list):
+            for x, y in zip(va, vb):
+                if isinstance(x, ast.AST):
+                    _pair(x, y, out)
+
+
+def _first_difference(a: ast.Module, b: ast.Module) -> str:
+    for i, (x, y) in enumerate(zip(a.body, b.body)):
+        if ast.dump(x) != ast.dump(y):
+            return f"top-level statement {i + 1} differs (original line {y.lineno})"
+    return f"{len(a.body)} top-level statements vs {len(b.body)} in the original"
+
+
+def verify_lm_instrumentation(code: str, response: str
+                              ) -> tuple[InstrumentedProgram | None, dict]:
+    """Accepts the model's answer only if it is the original plus marker prints.
+
+    Returns (program with our nonce markers at the model's spots, or None; a record with
+    accepted, reason, detail, n_markers).
+    """
+    rec = {"method": "lm", "accepted": False, "reason": None, "detail": "", "n_markers": 0}
+    lm_code = extract_code_block(response)
+    if lm_code is None:
+        rec.update(reason="no_code", detail="no code in the instrumenter's answer")
+        return None, rec
+    try:
+        lm_tree, orig_tree = ast.parse(lm_code), ast.parse(code)
+    except SyntaxError as e:
+        rec.update(reason="syntax_error", detail=f"line {e.lineno}: {e.msg}")
+        return None, rec
+    removed = _strip_markers(lm_tree)
+    rec["n_markers"] = len(removed)
+    if ast.dump(lm_tree) != ast.dump(orig_tree):
+        rec.update(reason="ast_mismatch", detail=_first_difference(lm_tree, orig_tree))
+        return None, rec
+    if not removed:
+        rec.update(reason="no_markers", detail="no milestone print was inserted")
+        return None, rec
+    twin: dict[int, ast.AST] = {}
+    _pair(lm_tree, orig_tree, twin)
+    placements = []
+    for parent, fname, idx, ms in removed:
+        body = getattr(twin[id(parent)], fname)
+        if idx > 0:
+            prev = body[idx - 1]
+            kind = "after" if isinstance(prev, _SIMPLE) else "line_after"
+            placements.append(Placement(kind, prev, (ms,)))
+        else:
+            placements.append(Placement("before", body[0], (ms,)))
+    placeholder = new_placeholder(code)
+    text, inserted, kept = place_markers(code, placements, placeholder)
+    if not kept:
+        rec.update(reason="placement_failed", detail="no marker could be placed")
+        return None, rec
+    rec.update(accepted=True, n_placed=len(kept))
+    milestones = tuple(m for m in MILESTONES if any(m in p.milestones for p in kept))
+    return InstrumentedProgram(code, text, placeholder, milestones, "lm", inserted,
+                               has_training_call(orig_tree), rec), rec
+
+
+class Instrumenter:
+    """Chooses the instrumentation method and counts LM acceptances/rejections (thread-safe).
+
+    mode: "static" (AST analysis), "lm" (frozen model via `generate`, verified, static fallback)
+    or "none" (no markers). `generate` must be bound to the frozen model, never the policy.
+    `chat_template` renders [{"role", "content"}] messages into the model's prompt string.
+    """
+
+    def __init__(self, mode: str = "static", generate: Callable[[str], str] | None = None,
+                 chat_template: Callable[[list[dict]], str] | None = None):
+        if mode not in ("static", "lm", "none"):
+            raise ValueError(f"instrumentation mode must be static|lm|none, got {mode!r}")
+        if mode == "lm" and generate is None:
+            raise ValueError("mode 'lm' needs a generate(prompt) -> text callable (frozen model)")
+        self.mode, self.generate, self.chat_template = mode, generate, chat_template
+        self.stats: Counter = Counter()
+        self._lock = threading.Lock()
+
+    def prompt(self, code: str) -> str:
+        text = lm_instrument_prompt(code)
+        if self.chat_template is None:
+            return text
+        return self.chat_template([{"role": "user", "content": text}])
+
+    def __call__(self, code: str) -> InstrumentedProgram:
+        if self.mode == "none":  # no markers; the static training check still applies
+            try:
+                trains = has_training_call(ast.parse(code))
+            except (SyntaxError, ValueError):
+                trains = False
+            return InstrumentedProgram(code, code, new_placeholder(code), (), "none",
+                                       static_training=trains)
+        if self.mode == "static":
+            self._count("static")
+            return instrument_static(code)
+        return self.from_lm_response(code, self.generate(self.prompt(code)))
+
+    def from_lm_response(self, code: str, response: str) -> InstrumentedProgram:
+        """Verifies an LM answer (e.g. sampled in a batch elsewhere); falls back to static."""
+        prog, rec = verify_lm_instrumentation(code, response)
+        if prog is not None:
+            self._count("lm_accepted")
+            return prog
+        self._count("lm_rejected")
+        self._count(f"lm_rejected_{rec['reason']}")
+        fallback = instrument_static(code)
+        rec["fallback"] = "static"
+        return InstrumentedProgram(fallback.original, fallback.template, fallback.placeholder,
+                                   fallback.milestones, "static_fallback",
+                                   fallback.inserted_lines, fallback.static_training, rec)
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.stats[key] += 1
+
+    def metrics(self) -> dict[str, float]:
+        """Counters plus the LM acceptance rate."""
+        with self._lock:
+            out = {f"instrument/{k}": float(v) for k, v in self.stats.items()}
+            n = self.stats["lm_accepted"] + self.stats["lm_rejected"]
+            if n:
+                out["instrument/lm_accept_rate"] = self.stats["lm_accepted"] / n
+        return out

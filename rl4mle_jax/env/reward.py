@@ -1,0 +1,304 @@
+"""The paper's reward: failure −10 + 0.1 per milestone; no training −10; valid → grader score.
+
+`compute_reward` is a pure function of what happened (parsed action, instrumented program,
+sandbox result, grade report, nonce). `evaluate_program` / `evaluate_response` run the whole
+episode tail (instrument → execute → grade → reward) on the host.
+
+Outcome rules, in order:
+  1. no runnable code (no block, empty, syntax error)         → failure, no credit
+  2. a submission file exists but no model was trained        → no_model_training (−10)
+     (statically: no fit-like call in the code; dynamically: the model_trained marker was placed
+     but not printed, when markers are trusted and the output was not cut)
+  3. timeout / oom / killed                                    → failure + milestone credit
+  4. status ok or error with a submission that grades valid   → grader score (normalised)
+  5. otherwise (no file, invalid file)                         → failure + milestone credit
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rl4mle_jax.env.actions import Action, extract_action
+from rl4mle_jax.env.instrument import (
+    InstrumentedProgram,
+    instrument_static,
+    new_nonce,
+    scan_markers,
+    strip_markers,
+    suspects_introspection,
+)
+from rl4mle_jax.env.instrument_static import MILESTONES
+
+NORMALISATIONS = ("raw", "flipped", "rescaled")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Reward constants; defaults are the paper's values."""
+
+    failure_reward: float = -10.0
+    milestone_reward: float = 0.1
+    no_training_reward: float = -10.0
+    milestones: tuple[str, ...] = MILESTONES
+    normalisation: str = "flipped"  # raw | flipped (sign flipped when lower is better) | rescaled
+    baseline_key: str = "baseline"  # reference_scores names used by "rescaled"
+    strong_key: str = "strong"
+    require_training: bool = True
+    dynamic_training_check: bool = True
+    grade_on_error: bool = True  # grade a submission written before a crash
+
+    def __post_init__(self):
+        if self.normalisation not in NORMALISATIONS:
+            raise ValueError(f"normalisation must be one of {NORMALISATIONS}, "
+                             f"got {self.normalisation!r}")
+        unknown = set(self.milestones) - set(MILESTONES)
+        if unknown:
+            raise ValueError(f"unknown milestones {sorted(unknown)}; known: {MILESTONES}")
+
+
+@dataclass
+class RewardRecord:
+    """Everything that went into one reward, JSON-serialisable (the experience log keeps it)."""
+
+    reward: float
+    status: str  # "valid" | "failure" | "no_model_training"
+    failure_reason: str | None = None  # no_code_block, syntax_error, timeout, runtime_error, ...
+    milestones: list[str] = field(default_factory=list)
+    milestone_credit: float = 0.0
+    score: float | None = None  # the grader's raw score
+    normalised_score: float | None = None
+    normalisation: str = "flipped"
+    direction: str | None = None
+    grade: dict | None = None
+    exec_status: str | None = None
+    exit_code: int | None = None
+    duration_s: float = 0.0  # Δt of the program itself
+    timeout_s: float | None = None
+    submission_exists: bool = False
+    error: dict | None = None  # {type, line, source, message} mapped to the original code
+    nonce: str | None = None
+    nonce_verified: bool = False  # markers were trusted and at least one carried the nonce
+    markers_trusted: bool = True
+    forged_marker_lines: int = 0
+    stdout_truncated: bool = False
+    static_training: bool | None = None
+    instrumentation: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, **kw: Any) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RewardRecord:
+        return cls(**d)
+
+
+# ---------------------------------------------------------------- helpers
+def normalise_score(score: float, direction: str, refs: dict, cfg: RewardConfig
+                    ) -> tuple[float, str]:
+    """Score in the configured scale; returns (value, normalisation actually used)."""
+    if direction not in ("higher", "lower"):
+        raise ValueError(f"direction must be 'higher' or 'lower', got {direction!r}")
+    sign = 1.0 if direction == "higher" else -1.0
+    if cfg.normalisation == "raw":
+        return score, "raw"
+    if cfg.normalisation == "flipped":
+        return sign * score, "flipped"
+    base = refs.get(cfg.baseline_key)
+    if base is None:
+        return sign * score, "flipped (no reference scores)"
+    strong = refs.get(cfg.strong_key)
+    scale = abs(strong - base) if strong is not None and strong != base else max(abs(base), 1e-8)
+    return sign * (score - base) / scale, "rescaled"
+
+
+_FRAME_RE = re.compile(r'^  File "([^"]+)", line (\d+)', re.M)
+_EXC_RE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Stop\w*)"
+                     r"|[A-Za-z_][\w.]*)(?::\s?(.*))?$")
+
+
+def parse_error(stderr: str, program: InstrumentedProgram | None, max_chars: int = 300
+                ) -> dict | None:
+    """Exception type, line (of the agent's original code), its source and the message."""
+    text = strip_markers(stderr)
+    start = text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return None
+    tb = text[start:]
+    frames = _FRAME_RE.findall(tb)
+    lines = tb.splitlines()
+    exc_line = next((ln for ln in lines[1:] if ln and not ln.startswith((" ", "\t"))
+                     and _EXC_RE.match(ln)), None)
+    if exc_line is None:
+        return None
+    m = _EXC_RE.match(exc_line)
+    msg_lines = [m.group(2) or ""] + [ln for ln in lines[lines.index(exc_line) + 1:] if ln]
+    out = {"type": m.group(1).split(".")[-1], "message": "\n".join(msg_lines).strip()[:max_chars],
+           "line": None, "source": None}
+    if frames:
+        main_file = frames[0][0]  # the outermost frame is the program itself
+        own = [int(n) for f, n in frames if f == main_file]
+        if own:
+            line = own[-1]
+            if program is not None:
+                line = program.original_line(line)
+                src = program.original.splitlines()
+                out["source"] = src[line - 1].strip()[:200] if 0 < line <= len(src) else None
+            out["line"] = line
+    return out
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def _grade_dict(report: Any) -> dict | None:
+    if report is None:
+        return None
+    if isinstance(report, dict):
+        return dict(report)
+    if hasattr(report, "to_dict"):
+        return report.to_dict()
+    return asdict(report)
+
+
+# ---------------------------------------------------------------- the reward
+def compute_reward(action: Action | None, program: InstrumentedProgram | None, exec_result: Any,
+                   grade_report: Any, nonce: str | None, cfg: RewardConfig = RewardConfig(),
+                   timeout_s: float | None = None) -> RewardRecord:
+    """Reward and its record for one episode (see the module docstring for the rules)."""
+    if action is not None and not action.ok:
+        return RewardRecord(cfg.failure_reward, "failure", action.failure,
+                            normalisation=cfg.normalisation,
+                            error={"type": action.failure, "line": None, "source": None,
+                                   "message": action.message})
+    if exec_result is None:
+        raise ValueError("compute_reward needs the sandbox result of a runnable action")
+    stdout = _get(exec_result, "stdout", "") or ""
+    code = program.original if program is not None else (action.code if action else "")
+    scan = scan_markers(stdout, nonce) if nonce else None
+    placed = set(program.milestones) if program is not None else set()
+    # A correct nonce on a milestone that has no marker in the program proves a copied nonce.
+    copied = scan is not None and any(m not in placed for m in scan.milestones)
+    trusted = not suspects_introspection(code) and not copied
+    reached = [m for m in (scan.milestones if scan and trusted else ()) if m in cfg.milestones]
+    rec = RewardRecord(
+        reward=cfg.failure_reward, status="failure", milestones=reached,
+        normalisation=cfg.normalisation, exec_status=_get(exec_result, "status"),
+        exit_code=_get(exec_result, "exit_code"),
+        duration_s=float(_get(exec_result, "duration_s", 0.0) or 0.0), timeout_s=timeout_s,
+        submission_exists=bool(_get(exec_result, "submission_exists", False)), nonce=nonce,
+        nonce_verified=bool(trusted and scan and scan.n_valid_lines > 0),
+        markers_trusted=trusted, forged_marker_lines=scan.n_forged_lines if scan else 0,
+        stdout_truncated=bool(_get(exec_result, "stdout_truncated", False)),
+        static_training=program.static_training if program is not None else None,
+        instrumentation=({**program.verification, "method": program.method,
+                          "milestones_placed": list(program.milestones)}
+                         if program is not None else {}),
+        grade=_grade_dict(grade_report))
+    rec.milestone_credit = round(cfg.milestone_reward * len(reached), 10)
+    status = rec.exec_status
+    if status in ("error", "oom", "killed") or (status == "ok" and not rec.submission_exists):
+        rec.error = parse_error(_get(exec_result, "stderr", "") or "", program)
+
+    if rec.submission_exists and cfg.require_training and program is not None:
+        dynamic_untrained = (cfg.dynamic_training_check and trusted and scan is not None
+                             and "model_trained" in program.milestones
+                             and "model_trained" not in scan.milestones
+                             and not rec.stdout_truncated)
+        if not program.static_training or dynamic_untrained:
+            rec.status, rec.reward = "no_model_training", cfg.no_training_reward
+            rec.failure_reason = ("no_model_training" if not program.static_training
+                                  else "model_training_not_reached")
+            return rec
+
+    def failure(reason: str) -> RewardRecord:
+        rec.failure_reason = reason
+        rec.reward = cfg.failure_reward + rec.milestone_credit
+        return rec
+
+    if status == "timeout":
+        return failure("timeout")
+    if status in ("oom", "killed"):
+        return failure(status)
+    if status == "error" and not (cfg.grade_on_error and rec.submission_exists):
+        return failure("runtime_error")
+    if not rec.submission_exists:
+        return failure("no_submission")
+    if grade_report is None:
+        raise ValueError("a submission exists: compute_reward needs its grade report")
+    if not _get(grade_report, "valid", False):
+        return failure(f"invalid_submission:{_get(grade_report, 'reason')}")
+    score = float(_get(grade_report, "score"))
+    if not math.isfinite(score):
+        return failure("invalid_submission:non_finite_score")
+    rec.direction = _get(grade_report, "direction")
+    refs = _get(grade_report, "reference_scores", {}) or {}
+    rec.score = score
+    rec.normalised_score, rec.normalisation = normalise_score(score, rec.direction, refs, cfg)
+    rec.status, rec.reward = "valid", rec.normalised_score
+    return rec
+
+
+# ---------------------------------------------------------------- episode tail
+def evaluate_program(code: str, task: Any, sandbox: Any, *, split: str = "reward",
+                     instrumenter: Any = None, cfg: RewardConfig = RewardConfig(),
+                     timeout_s: float | None = None, action: Action | None = None,
+                     keep_workdir: bool = False) -> RewardRecord:
+    """Instrument `code`, run it with a fresh nonce, grade the submission, compute the reward."""
+    from rl4mle_jax.env.grading import grade
+
+    program = instrumenter(code) if instrumenter is not None else instrument_static(code)
+    nonce = new_nonce()
+    timeout = timeout_s if timeout_s is not None else getattr(task, "timeout_s", None)
+    res = sandbox.run(program.render(nonce), task.input_dir(split), timeout_s=timeout)
+    try:
+        report = grade(task, res.submission_path, split) if res.submission_exists else None
+    finally:
+        if not keep_workdir and hasattr(res, "cleanup"):
+            res.cleanup()
+    return compute_reward(action, program, res, report, nonce, cfg, timeout)
+
+
+def evaluate_response(response: str, task: Any, sandbox: Any, **kw: Any
+                      ) -> tuple[Action, RewardRecord]:
+    """`evaluate_program` on the code extracted from a model response (failures short-circuit)."""
+    action = extract_action(response)
+    cfg = kw.get("cfg", RewardConfig())
+    if not action.ok:
+        return action, compute_reward(action, None, None, None, None, cfg)
+    return action, evaluate_program(action.code, task, sandbox, action=action, **kw)
+
+
+def cli_run_hooks(mode: str = "static", cfg: RewardConfig = RewardConfig(),
+                  timeout_s: float | None = None) -> tuple[Any, Any]:
+    """(before, after) hooks for `python -m rl4mle_jax.env run --instrument static`.
+
+    before(code, task) -> (instrumented source, {"instrumentation": ...});
+    after(exec_result, grade_report, task) -> {"reward": RewardRecord dict}.
+    """
+    if mode != "static":
+        raise ValueError(f"the command line supports --instrument static, got {mode!r}")
+    state: dict[str, Any] = {}
+
+    def before(code: str, task: Any) -> tuple[str, dict]:
+        state["program"], state["nonce"] = instrument_static(code), new_nonce()
+        p = state["program"]
+        return p.render(state["nonce"]), {"instrumentation": {
+            "method": p.method, "milestones_placed": list(p.milestones),
+            "static_training": p.static_training}}
+
+    def after(exec_result: Any, report: Any, task: Any) -> dict:
+        rec = compute_reward(None, state["program"], exec_result, report, state["nonce"], cfg,
+                             timeout_s or getattr(task, "timeout_s", None))
+        return {"reward": rec.to_dict()}
+
+    return before, after

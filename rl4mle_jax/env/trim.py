@@ -1,0 +1,151 @@
+"""Trimming a program to a token budget while keeping it valid Python.
+
+What is kept first: the top-level imports, then statements from the end of the program backwards
+(where the submission is written), then statements from the start forwards. Whole statements are
+dropped; a run of dropped statements becomes one `...  # [N lines omitted]` line at the right
+indentation (an Ellipsis statement, so an emptied block still parses). A single statement larger
+than the budget (typically `def main():` holding everything) is trimmed inside its body the
+same way. Code that does not parse is trimmed by lines (head and tail).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_BODY_LAST = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.With, ast.AsyncWith)
+
+
+def approx_token_count(text: str) -> int:
+    """Rough token count (≈ 3.5 characters per token for code) when no tokenizer is given."""
+    return (len(text) * 2 + 6) // 7
+
+
+@dataclass
+class _Unit:
+    text: str
+    n_lines: int
+    is_import: bool
+    node: ast.stmt | None
+    first_line: int  # 1-based, includes leading comments/blank lines
+
+
+def _expandable(node: ast.stmt) -> bool:
+    if isinstance(node, _BODY_LAST):
+        return node.body[0].lineno > node.lineno
+    if isinstance(node, ast.For | ast.AsyncFor | ast.While | ast.If):
+        return not node.orelse and node.body[0].lineno > node.lineno
+    return False
+
+
+def _units(stmts: list[ast.stmt], lines: list[str], start: int, stop: int) -> list[_Unit]:
+    """Units covering lines [start, stop] (1-based, inclusive), one per statement."""
+    out = []
+    for i, s in enumerate(stmts):
+        first = start if i == 0 else stmts[i - 1].end_lineno + 1
+        last = stop if i == len(stmts) - 1 else s.end_lineno
+        text = "".join(lines[first - 1:last])
+        out.append(_Unit(text, last - first + 1, isinstance(s, ast.Import | ast.ImportFrom), s,
+                         first))
+    return out
+
+
+def _indent_of(node: ast.stmt, lines: list[str]) -> str:
+    return lines[node.lineno - 1][: len(lines[node.lineno - 1]) - len(
+        lines[node.lineno - 1].lstrip())]
+
+
+def _select(units: list[_Unit], budget: int, lines: list[str], indent: str,
+            count: Callable[[str], int], keep_imports: bool) -> str:
+    costs = [count(u.text) for u in units]
+    if sum(costs) <= budget:
+        return "".join(u.text for u in units)
+    chosen: dict[int, str] = {}
+    left = budget - count(f"{indent}...  # [000 lines omitted]\n")
+    if keep_imports:
+        for i, u in enumerate(units):
+            if u.is_import and costs[i] <= left:
+                chosen[i], left = u.text, left - costs[i]
+    for i in range(len(units) - 1, -1, -1):  # tail first
+        if i in chosen:
+            continue
+        if costs[i] <= left:
+            chosen[i], left = units[i].text, left - costs[i]
+            continue
+        node = units[i].node
+        if node is not None and _expandable(node):
+            header = "".join(lines[units[i].first_line - 1: node.body[0].lineno - 1])
+            inner_budget = left - count(header)
+            if inner_budget > 0:
+                sub = _units(node.body, lines, node.body[0].lineno,
+                             units[i].first_line + units[i].n_lines - 1)
+                body = _select(sub, inner_budget, lines, _indent_of(node.body[0], lines), count,
+                               False)
+                chosen[i] = header + body
+                left -= count(chosen[i])
+        break
+    for i in range(len(units)):  # then the head
+        if i in chosen:
+            continue
+        if costs[i] > left:
+            break
+        chosen[i], left = units[i].text, left - costs[i]
+    out, run = [], 0
+    for i, u in enumerate(units):
+        if i in chosen:
+            if run:
+                out.append(f"{indent}...  # [{run} lines omitted]\n")
+                run = 0
+            out.append(chosen[i])
+        else:
+            run += u.n_lines
+    if run:
+        out.append(f"{indent}...  # [{run} lines omitted]\n")
+    return "".join(out)
+
+
+def _trim_lines(code: str, budget: int, count: Callable[[str], int]) -> str:
+    lines = code.splitlines(keepends=True)
+    head, tail = [], []
+    i, j, used = 0, len(lines) - 1, count("# [000 lines omitted]\n")
+    while i <= j:  # alternate tail and head, tail first
+        c = count(lines[j])
+        if used + c > budget:
+            break
+        tail.insert(0, lines[j])
+        used, j = used + c, j - 1
+        if i > j:
+            break
+        c = count(lines[i])
+        if used + c > budget:
+            break
+        head.append(lines[i])
+        used, i = used + c, i + 1
+    n = len(lines) - len(head) - len(tail)
+    return "".join(head) + (f"# [{n} lines omitted]\n" if n else "") + "".join(tail)
+
+
+def trim_code(code: str, max_tokens: int, count_tokens: Callable[[str], int] = approx_token_count
+              ) -> str:
+    """`code` cut to at most `max_tokens` (as counted by `count_tokens`), valid Python if it was."""
+    if count_tokens(code) <= max_tokens:
+        return code
+    if not code.endswith("\n"):
+        code += "\n"
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        tree = None
+    if tree is None or not tree.body:
+        return _trim_lines(code, max_tokens, count_tokens)
+    lines = code.splitlines(keepends=True)
+    budget = max_tokens
+    for _ in range(8):  # token counts are not exactly additive: shrink until it fits
+        text = _select(_units(tree.body, lines, 1, len(lines)), budget, lines, "",
+                       count_tokens, True)
+        over = count_tokens(text) - max_tokens
+        if over <= 0:
+            return text
+        budget -= max(over, 1)
+    return _trim_lines(code, max_tokens, count_tokens)

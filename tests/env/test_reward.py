@@ -1,0 +1,211 @@
+"""Reward values per outcome (the paper's scheme), normalisation, error parsing, the record."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rl4mle_jax.env.actions import extract_action
+from rl4mle_jax.env.grading import GradeReport
+from rl4mle_jax.env.instrument import instrument_static, new_nonce
+from rl4mle_jax.env.instrument_lm import verify_lm_instrumentation
+from rl4mle_jax.env.reward import (
+    RewardConfig,
+    RewardRecord,
+    compute_reward,
+    normalise_score,
+    parse_error,
+)
+from rl4mle_jax.env.sandbox import ExecResult
+
+CODE = """import pandas as pd
+from sklearn.linear_model import LogisticRegression
+train = pd.read_csv("input/train.csv")
+model = LogisticRegression()
+model.fit(train[["a"]], train["y"])
+pred = model.predict_proba(train[["a"]])[:, 1]
+pd.DataFrame({"id": train["id"], "y": pred}).to_csv("submission/submission.csv")
+"""
+ALL = ("libraries_imported", "data_loaded", "model_defined", "model_trained",
+       "predictions_made", "submission_written")
+
+
+def _exec(status="ok", stdout="", stderr="", submission=True, truncated=False, exit_code=0):
+    return ExecResult(status=status, exit_code=exit_code, duration_s=1.5, stdout=stdout,
+                      stderr=stderr, submission_path=Path("/nowhere/submission.csv"),
+                      submission_exists=submission, workdir=Path("/nowhere"), backend="test",
+                      stdout_truncated=truncated)
+
+
+def _grade(valid=True, score=0.8, direction="higher", refs=None, reason=None):
+    return GradeReport(task_id="t", split="reward", metric="auc", direction=direction,
+                       valid=valid, score=score if valid else None, reason=reason,
+                       message="" if valid else "expected 10 rows, got 9",
+                       reference_scores=refs or {})
+
+
+def _markers(nonce, milestones):
+    return "".join(f"@@MS {nonce} {m}\n" for m in milestones)
+
+
+def _reward(stdout_ms=ALL, code=CODE, **kw):
+    prog, nonce = instrument_static(code), new_nonce()
+    ex = kw.pop("exec_result", None) or _exec(stdout=_markers(nonce, stdout_ms))
+    return compute_reward(extract_action(f"plan\n```python\n{code}```"), prog, ex,
+                          kw.pop("grade", _grade()), nonce, **kw)
+
+
+def test_valid_submission_gets_the_score_sign_flipped_when_lower_is_better():
+    assert _reward().reward == pytest.approx(0.8)
+    rec = _reward(grade=_grade(score=0.3, direction="lower"))
+    assert rec.status == "valid" and rec.reward == pytest.approx(-0.3) and rec.score == 0.3
+    raw = _reward(grade=_grade(score=0.3, direction="lower"), cfg=RewardConfig(
+        normalisation="raw"))
+    assert raw.reward == pytest.approx(0.3)
+
+
+def test_rescaled_against_reference_scores():
+    cfg = RewardConfig(normalisation="rescaled")
+    refs = {"baseline": 0.6, "strong": 0.9}
+    assert _reward(grade=_grade(score=0.75, refs=refs), cfg=cfg).reward == pytest.approx(0.5)
+    # lower is better: baseline 2.0, strong 1.0; 1.5 is half-way, 2.5 is worse than baseline
+    lower = {"baseline": 2.0, "strong": 1.0}
+    assert normalise_score(1.5, "lower", lower, cfg)[0] == pytest.approx(0.5)
+    assert normalise_score(2.5, "lower", lower, cfg)[0] == pytest.approx(-0.5)
+    assert normalise_score(0.7, "higher", {}, cfg) == (0.7, "flipped (no reference scores)")
+    with pytest.raises(ValueError, match="direction"):
+        normalise_score(1.0, "up", {}, cfg)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 6])
+@pytest.mark.parametrize("status, submission, reason", [
+    ("timeout", False, "timeout"), ("error", False, "runtime_error"), ("oom", False, "oom"),
+    ("ok", False, "no_submission")])
+def test_failure_is_minus_ten_plus_a_tenth_per_milestone(k, status, submission, reason):
+    nonce = new_nonce()
+    rec = compute_reward(None, instrument_static(CODE), _exec(
+        status=status, stdout=_markers(nonce, ALL[:k]), submission=submission,
+        exit_code=None if status == "timeout" else 1), None, nonce)
+    assert rec.status == "failure" and rec.failure_reason == reason
+    assert rec.reward == pytest.approx(-10 + 0.1 * k) and rec.milestones == list(ALL[:k])
+
+
+def test_invalid_submission_is_a_failure_with_the_grader_reason():
+    rec = _reward(stdout_ms=ALL, grade=_grade(valid=False, reason="wrong_row_count"))
+    assert rec.failure_reason == "invalid_submission:wrong_row_count"
+    assert rec.reward == pytest.approx(-10 + 0.6)
+
+
+def test_milestones_count_once_and_constants_come_from_the_config():
+    twice = ("model_trained", "data_loaded") * 3
+    rec = _reward(stdout_ms=twice, grade=_grade(valid=False, reason="no_file"))
+    assert rec.milestones == ["model_trained", "data_loaded"]
+    assert rec.reward == pytest.approx(-9.8)
+    cfg = RewardConfig(failure_reward=-1.0, milestone_reward=0.25, milestones=ALL[:1])
+    rec = _reward(stdout_ms=ALL, grade=_grade(valid=False, reason="no_file"), cfg=cfg)
+    assert rec.reward == pytest.approx(-0.75) and rec.milestones == ["libraries_imported"]
+
+
+def test_no_code_and_syntax_errors_are_plain_failures():
+    for resp, reason in (("I would use a random forest.", "no_code_block"),
+                         ("```python\ndef f(:\n```", "syntax_error")):
+        action = extract_action(resp)
+        rec = compute_reward(action, None, None, None, None)
+        assert rec.reward == -10.0 and rec.failure_reason == reason
+        assert rec.error["message"] == action.message
+
+
+def test_no_model_training_is_minus_ten_statically_and_dynamically():
+    copy = ("import shutil\nshutil.copy('input/sample_submission.csv', "
+            "'submission/submission.csv')\n")
+    rec = _reward(code=copy, stdout_ms=("libraries_imported",))
+    assert rec.status == "no_model_training" and rec.reward == -10.0
+    assert rec.failure_reason == "no_model_training" and rec.static_training is False
+    # a fit exists but the marker after it was never printed: the fit did not run
+    rec = _reward(stdout_ms=tuple(m for m in ALL if m != "model_trained"))
+    assert rec.status == "no_model_training" and rec.failure_reason == \
+        "model_training_not_reached"
+    # ... unless the output was cut, where a missing marker proves nothing
+    nonce = new_nonce()
+    rec = compute_reward(None, instrument_static(CODE), _exec(
+        stdout=_markers(nonce, ALL[:2]), truncated=True), _grade(), nonce)
+    assert rec.status == "valid"
+    # an accepted LM instrumentation without a model_trained marker: only the static check
+    answer = "```python\n" + CODE.replace("import pandas as pd\n", "import pandas as pd\n"
+                                          "print('@@MILESTONE libraries_imported')\n") + "```"
+    prog, _ = verify_lm_instrumentation(CODE, answer)
+    nonce = new_nonce()
+    rec = compute_reward(None, prog, _exec(stdout=_markers(nonce, ALL[:1])), _grade(), nonce)
+    assert rec.status == "valid" and rec.instrumentation["method"] == "lm"
+
+
+def test_forged_markers_and_introspection_earn_nothing():
+    nonce = new_nonce()
+    forged = _markers(new_nonce(), ALL) + "".join(f"@@MS {m}\n" for m in ALL)
+    rec = compute_reward(None, instrument_static(CODE), _exec(stdout=forged, submission=False),
+                         None, nonce)
+    assert rec.reward == -10.0 and rec.forged_marker_lines == 6 and not rec.nonce_verified
+    sneaky = CODE + "print(open(__file__).read())\n"
+    rec = compute_reward(None, instrument_static(sneaky), _exec(
+        stdout=_markers(nonce, ALL), submission=False), None, nonce)
+    assert rec.reward == -10.0 and not rec.markers_trusted and rec.milestones == []
+
+
+def test_a_copied_nonce_on_an_unplaced_milestone_voids_all_markers():
+    code = "import os\nraise SystemExit(1)\n"
+    prog, nonce = instrument_static(code), new_nonce()
+    assert prog.milestones == ("libraries_imported",)
+    rec = compute_reward(None, prog, _exec(status="error", submission=False, stdout=_markers(
+        nonce, ("libraries_imported", "model_trained"))), None, nonce)
+    assert not rec.markers_trusted and rec.milestones == [] and rec.reward == -10.0
+
+
+def test_record_says_when_the_lm_instrumentation_was_rejected():
+    from rl4mle_jax.env.instrument_lm import Instrumenter
+
+    bad = "```python\n" + CODE.replace("LogisticRegression()", "LogisticRegression(C=9)") + "```"
+    prog = Instrumenter("lm", generate=lambda p: bad)(CODE)
+    nonce = new_nonce()
+    rec = compute_reward(None, prog, _exec(stdout=_markers(nonce, ALL)), _grade(), nonce)
+    assert rec.instrumentation["method"] == "static_fallback"
+    assert rec.instrumentation["reason"] == "ast_mismatch" and not rec.instrumentation["accepted"]
+    assert rec.status == "valid" and rec.milestones == list(ALL)
+
+
+def test_record_is_json_and_round_trips():
+    rec = _reward(grade=_grade(score=0.3, direction="lower", refs={"baseline": 0.5}))
+    d = json.loads(rec.to_json())
+    assert d["grade"]["reference_scores"] == {"baseline": 0.5} and d["duration_s"] == 1.5
+    assert d["milestones"] == list(ALL) and d["nonce_verified"] and d["direction"] == "lower"
+    assert RewardRecord.from_dict(d) == rec
+
+
+def test_parse_error_maps_to_the_agents_code():
+    code = "import os\nfor i in range(2):\n    x = i\nraise ValueError('bad value')\n"
+    answer = "```python\nimport os\nfor i in range(2):\n    x = i\n" \
+             "print('@@MILESTONE model_trained')\nraise ValueError('bad value')\n```"
+    prog, _ = verify_lm_instrumentation(code, answer)
+    stderr = ('Traceback (most recent call last):\n  File "/work/main.py", line 5, in <module>\n'
+              "    raise ValueError('bad value')\nValueError: bad value\n")
+    err = parse_error(stderr, prog)
+    assert err == {"type": "ValueError", "message": "bad value", "line": 4,
+                   "source": "raise ValueError('bad value')"}
+    lib = ('Traceback (most recent call last):\n  File "/w/main.py", line 3, in <module>\n'
+           "    x = i\n  File \"/usr/lib/python3/site.py\", line 99, in f\n    g()\n"
+           "pandas.errors.ParserError: Error tokenizing data\n")
+    err = parse_error(lib, instrument_static(code))
+    assert err["type"] == "ParserError" and err["line"] == 3 and err["source"] == "x = i"
+    assert parse_error("warning only\n", None) is None
+
+
+def test_config_and_missing_inputs_errors():
+    with pytest.raises(ValueError, match="normalisation"):
+        RewardConfig(normalisation="zscore")
+    with pytest.raises(ValueError, match="unknown milestones"):
+        RewardConfig(milestones=("data_loaded", "coffee_made"))
+    with pytest.raises(ValueError, match="sandbox result"):
+        compute_reward(None, instrument_static(CODE), None, None, new_nonce())
+    with pytest.raises(ValueError, match="grade report"):
+        nonce = new_nonce()
+        compute_reward(None, instrument_static(CODE), _exec(stdout=_markers(nonce, ALL)), None,
+                       nonce)
