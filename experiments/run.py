@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -27,8 +28,9 @@ flags.mark_flags_as_required(["config"])
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    # Our own log lines at INFO; the libraries' (orbax, jax) only from WARNING up.
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    logging.getLogger("rl4mle_jax").setLevel(logging.INFO)
     config = _CONFIG.value
     workdir = Path(_WORKDIR.value or f"workdirs/{Path(str(config.task)).name}")
     summary = train(config, workdir)

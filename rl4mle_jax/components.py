@@ -64,6 +64,9 @@ def validate_config(config: Any) -> None:
          "must be > 0 (PPO needs the behaviour distribution)")
     need(config.sampling.top_p == 1.0 and config.sampling.top_k == 0, "sampling.top_p/top_k",
          "truncated sampling makes behaviour log-probs differ from the learner's; keep 1.0/0")
+    need(max(config.sampling.prompt_buckets) >= config.prompt.max_prompt_tokens,
+         "sampling.prompt_buckets", f"largest bucket {max(config.sampling.prompt_buckets)} is "
+         f"below prompt.max_prompt_tokens={config.prompt.max_prompt_tokens}")
     need(config.model.hf_dir or config.warmstart.enabled, "model.hf_dir",
          "give a Hugging Face directory or enable the warm start")
     for section, cls in (("learner", LearnerConfig), ("reward", RewardConfig)):

@@ -100,13 +100,16 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
                           temperature, max_new)
     asyncio.run(_run_candidates(cands, task, comps.sandbox, timeout, concurrency))
     seed = max(cands, key=lambda c: _signed(c.score("reward"), direction))
-    if n // 2 and seed.score("reward") is not None:
-        outcome = (f"No error detected, you achieved a score of {seed.score('reward'):.6g} "
-                   f"({direction} is better).")
-        improve_prompt = prompts_lib.build_prompt(
-            comps.context, earlier_code=seed.code, outcome=outcome, cfg=comps.prompt_cfg,
-            chat_template=chat, count_tokens=count).text
-        more = _sample_codes(comps, params, [improve_prompt] * (n // 2), k_improve, "improve",
+    if n // 2:
+        if seed.score("reward") is not None:
+            outcome = (f"No error detected, you achieved a score of {seed.score('reward'):.6g} "
+                       f"({direction} is better).")
+            prompt, path = prompts_lib.build_prompt(
+                comps.context, earlier_code=seed.code, outcome=outcome, cfg=comps.prompt_cfg,
+                chat_template=chat, count_tokens=count).text, "improve"
+        else:  # nothing to improve on: the second half also starts from scratch
+            prompt, path = solve_prompt, "solve"
+        more = _sample_codes(comps, params, [prompt] * (n // 2), k_improve, path,
                              temperature, max_new)
         asyncio.run(_run_candidates(more, task, comps.sandbox, timeout, concurrency))
         cands += more

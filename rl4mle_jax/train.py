@@ -135,12 +135,23 @@ class _Trainer:
                 temperature=cfg.instrument.temperature)
         return policy, frozen
 
+    def _frozen_generate(self, prompt: str) -> str:
+        """Synchronous frozen-copy generation (the loop itself batches through a service)."""
+        tok, inst = self.c.tokenizer, self.config.instrument
+        out = self.c.sampler.generate(self.frozen, [tok.encode(prompt)],
+                                      jax.random.PRNGKey(self.loop.step),
+                                      max_new_tokens=inst.max_new_tokens,
+                                      temperature=inst.temperature)
+        return tok.decode(out.tokens[0, :out.lengths[0]].tolist())
+
     # --------------------------------------------------------------------- the loop
     async def run(self) -> dict[str, Any]:
         cfg, run = self.config, self.config.run
         policy, frozen = self._services()
-        instrumenter = Instrumenter(cfg.instrument.mode, chat_template=(
-            self.c.tokenizer.apply_chat_template if self.c.tokenizer.is_chat else None))
+        instrumenter = Instrumenter(
+            cfg.instrument.mode, generate=self._frozen_generate if frozen else None,
+            chat_template=(self.c.tokenizer.apply_chat_template if self.c.tokenizer.is_chat
+                           else None))
         runner = EpisodeRunner(
             self.c.task, self.c.tokenizer, policy, self.c.sandbox, instrumenter, self.buffer,
             self.c.context, self.c.episode_cfg, self.c.reward_cfg, self.c.prompt_cfg,
@@ -228,11 +239,12 @@ class _Trainer:
         learner, t0 = self.learner, time.perf_counter()
         tokens, mask = arrays["tokens"], arrays["attention_mask"]
         if learner.config.uses_critic:
-            logp, values = learner.compute_logprobs_and_values(
+            out = learner.compute_logprobs_and_values(
                 self.state.policy_params, self.state.critic_params, tokens, mask)
-            arrays["values_old"] = values
-            resp = arrays["response_mask"]
-            behaviour_gap = np.abs(np.asarray(logp) - arrays["old_logprobs"]) * resp
+            arrays["values_old"] = out["values"]
+            fresh = [e.params_version == self.loop.version for e in batch]
+            resp = arrays["response_mask"] * np.asarray(fresh, np.float32)[:, None]
+            behaviour_gap = np.abs(np.asarray(out["logprobs"]) - arrays["old_logprobs"]) * resp
         else:
             behaviour_gap = None
         if learner.config.uses_ref:
@@ -279,6 +291,8 @@ class _Trainer:
         return out
 
     def _save(self, force: bool = False) -> None:
+        if self.ckpt.latest_step() == self.loop.step:
+            return  # this step is saved already
         meta = {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
                 "config": self.config.to_dict(), "policy_version": self.loop.version}
         self.ckpt.save(self.loop.step, self.state, meta, force=force)
