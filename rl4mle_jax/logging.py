@@ -30,10 +30,18 @@ DEFAULT_PLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 class MetricLogger:
     """Writes scalars to `<workdir>/metrics.jsonl` and TensorBoard (`<workdir>/tb`)."""
 
-    def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True):
+    def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True,
+                 resume_step: int | None = None):
+        """resume_step: drop rows past this step (a run resumed from that checkpoint redoes
+        them), so the file, and the plots drawn from it, show one consistent history."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.path = self.workdir / "metrics.jsonl"
+        if resume_step is not None and self.path.exists():
+            rows = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            os.replace(tmp, self.path)
         self._fh = open(self.path, "a", encoding="utf-8")
         self._tb = None
         if tensorboard:

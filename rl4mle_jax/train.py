@@ -101,11 +101,11 @@ class _Trainer:
         self.ckpt = ckpt_lib.CheckpointManager(workdir / "checkpoints",
                                                max_to_keep=run.keep_checkpoints)
         self.explog = ExperienceLog(workdir / "experience.jsonl")
-        self.metrics = MetricLogger(workdir)
+        latest = self.ckpt.latest_step()
+        self.metrics = MetricLogger(workdir, resume_step=latest or 0)
         self.loop = LoopState()
         self.buffer = SolutionBuffer(run.buffer_size)
         self.frozen = self.learner.shard_params(comps.params)  # never updated
-        latest = self.ckpt.latest_step()
         if latest is None:
             self.state = self.learner.init_state(self.frozen,
                                                  jax.random.PRNGKey(config.seed))
@@ -212,13 +212,13 @@ class _Trainer:
         if f.error is not None or f.result is None:
             self.explog.append({"episode_id": f.episode_id, "kind": f.request.get("kind"),
                                 "error": f.error, "started_at": f.started_at,
-                                "finished_at": f.finished_at, "trained": False})
+                                "finished_at": f.finished_at, "selected": False})
             log.warning("episode %d failed: %s", f.episode_id, f.error)
             return None
         exp: Experience = f.result
         staleness = self.loop.version - exp.params_version
         keep = staleness <= self.config.run.max_staleness
-        self.explog.append(exp.log_record({"staleness": staleness, "trained": keep,
+        self.explog.append(exp.log_record({"staleness": staleness, "selected": keep,
                                            "wall_s": self.loop.wall_s}))
         rec = exp.record
         if rec["status"] == "valid" and exp.code is not None:

@@ -19,3 +19,15 @@ def test_metrics_jsonl_tensorboard_and_plots(tmp_path):
     pngs = plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "plots")
     assert {p.name for p in pngs} >= {"reward.png", "utilisation.png", "best_score.png"}
     assert all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_resume_drops_rows_past_the_checkpoint(tmp_path):
+    logger = MetricLogger(tmp_path, tensorboard=False)
+    for step in (1, 2, 3):
+        logger.write(step, wall_s=step, scalars={"reward/mean": step})
+    logger.close()
+    logger = MetricLogger(tmp_path, tensorboard=False, resume_step=2)
+    logger.write(3, wall_s=3.5, scalars={"reward/mean": 30})
+    logger.close()
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [(r["step"], r["reward/mean"]) for r in rows] == [(1, 1), (2, 2), (3, 30)]
