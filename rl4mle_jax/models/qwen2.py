@@ -1,0 +1,325 @@
+"""Qwen2 decoder in Flax linen, numerically matching transformers' `Qwen2ForCausalLM`.
+
+The public surface is functional: `init_params`, `forward`, `logits` take a `Qwen2Config` and a
+plain (unboxed) nested dict of parameters. Kernels are laid out [in, out] with heads split out
+(q_proj kernel [H, nH, D], o_proj kernel [nH, D, H]); every parameter carries logical axis names
+(`param_logical_axes`) that a rules table maps onto a mesh.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from rl4mle_jax.models.presets import Qwen2Config
+
+Params = dict[str, Any]
+
+# A finite "minus infinity": a query whose keys are all masked (a pad position under left
+# padding) then gets a uniform softmax instead of NaN.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+_kernel_init = nn.initializers.normal(stddev=0.02)  # HF initializer_range
+
+
+class KVCache(NamedTuple):
+    """Per-layer key/value slots plus which slots hold real tokens.
+
+    k, v: tuples (one entry per layer) of [B, S, nKV, D]; mask: [B, S] int32 (1 = real key).
+    """
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    mask: jax.Array
+
+
+def _param(module: nn.Module, name: str, init, shape, axes, dtype):
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("norm",),
+                       self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return scale.astype(x.dtype) * y.astype(x.dtype)
+
+
+class Projection(nn.Module):
+    """x [..., in] -> [..., *features] with an [in, *features] kernel and optional bias."""
+
+    features: tuple[int, ...]
+    axes: tuple[str, ...]  # logical names of (in, *features)
+    use_bias: bool
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x, contract: int = 1):
+        in_shape = x.shape[x.ndim - contract:]
+        kernel = _param(self, "kernel", _kernel_init, (*in_shape, *self.features), self.axes,
+                        self.param_dtype)
+        y = jnp.tensordot(x.astype(self.dtype), kernel.astype(self.dtype), axes=contract)
+        if self.use_bias:
+            bias = _param(self, "bias", nn.initializers.zeros, self.features,
+                          self.axes[contract:], self.param_dtype)
+            y = y + bias.astype(self.dtype)
+        return y
+
+
+def rope_cos_sin(positions_bt: jax.Array, head_dim: int, theta: float):
+    """cos, sin [B, T, D] in float32, in HF's `concat(freqs, freqs)` layout."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions_bt.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x_bthd: jax.Array, cos_btd: jax.Array, sin_btd: jax.Array) -> jax.Array:
+    half = x_bthd.shape[-1] // 2
+    rotated = jnp.concatenate([-x_bthd[..., half:], x_bthd[..., :half]], axis=-1)
+    cos = cos_btd[:, :, None, :].astype(x_bthd.dtype)  # HF casts cos/sin to the compute dtype
+    sin = sin_btd[:, :, None, :].astype(x_bthd.dtype)
+    return x_bthd * cos + rotated * sin
+
+
+class Embed(nn.Module):
+    vocab_size: int
+    features: int
+    dtype: Any
+    param_dtype: Any
+
+    def setup(self):
+        self.embedding = _param(self, "embedding", _kernel_init, (self.vocab_size, self.features),
+                                ("vocab", "embed"), self.param_dtype)
+
+    def __call__(self, tokens_bt):
+        return jnp.take(self.embedding, tokens_bt, axis=0).astype(self.dtype)
+
+    def attend(self, x_bth):
+        """Tied output layer: logits = x @ embedding.T, accumulated in float32."""
+        return jnp.einsum("bth,vh->btv", x_bth, self.embedding.astype(self.dtype),
+                          preferred_element_type=jnp.float32)
+
+
+class LMHead(nn.Module):
+    vocab_size: int
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x_bth):
+        kernel = _param(self, "kernel", _kernel_init, (x_bth.shape[-1], self.vocab_size),
+                        ("embed", "vocab"), self.param_dtype)
+        return jnp.einsum("bth,hv->btv", x_bth, kernel.astype(self.dtype),
+                          preferred_element_type=jnp.float32)
+
+
+class Attention(nn.Module):
+    config: Qwen2Config
+
+    @nn.compact
+    def __call__(self, x_bth, cos_btd, sin_btd, allowed_bts, cache_kv=None, cache_index=None):
+        cfg = self.config
+        dt, pdt = cfg.compute_dtype, cfg.params_dtype
+        nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        proj = functools.partial(Projection, dtype=dt, param_dtype=pdt)
+        q = proj((nq, d), ("embed", "heads", "head_dim"), True, name="q_proj")(x_bth)
+        k = proj((nkv, d), ("embed", "kv_heads", "head_dim"), True, name="k_proj")(x_bth)
+        v = proj((nkv, d), ("embed", "kv_heads", "head_dim"), True, name="v_proj")(x_bth)
+        q = apply_rope(q, cos_btd, sin_btd)
+        k = apply_rope(k, cos_btd, sin_btd)
+        new_kv = None
+        if cache_kv is not None:  # write this block at its slots, then attend over all slots
+            cache_k, cache_v = cache_kv
+            idx = (0, cache_index, 0, 0)
+            k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), idx)
+            v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), idx)
+            new_kv = (k, v)
+        b, t = q.shape[:2]
+        q = q.reshape(b, t, nkv, cfg.num_groups, d)  # query head n uses kv head n // groups
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(dt),
+                            preferred_element_type=jnp.float32) * (d ** -0.5)
+        scores = jnp.where(allowed_bts[:, None, None, :, :], scores, _MASK_VALUE)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dt)).reshape(b, t, nq, d)
+        out = proj((cfg.hidden_size,), ("heads", "head_dim", "embed"), False,
+                   name="o_proj")(out, contract=2)
+        return out, new_kv
+
+
+class MLP(nn.Module):
+    config: Qwen2Config
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        proj = functools.partial(Projection, use_bias=False, dtype=cfg.compute_dtype,
+                                 param_dtype=cfg.params_dtype)
+        i, h = cfg.intermediate_size, cfg.hidden_size
+        gate = proj((i,), ("embed", "mlp"), name="gate_proj")(x)
+        up = proj((i,), ("embed", "mlp"), name="up_proj")(x)
+        return proj((h,), ("mlp", "embed"), name="down_proj")(jax.nn.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    config: Qwen2Config
+
+    @nn.compact
+    def __call__(self, x, cos, sin, allowed, cache_kv=None, cache_index=None):
+        cfg = self.config
+        norm = functools.partial(RMSNorm, cfg.rms_norm_eps, cfg.params_dtype)
+        attn_out, new_kv = Attention(cfg, name="self_attn")(
+            norm(name="input_layernorm")(x), cos, sin, allowed, cache_kv, cache_index)
+        x = x + attn_out
+        x = x + MLP(cfg, name="mlp")(norm(name="post_attention_layernorm")(x))
+        return x, new_kv
+
+
+class Qwen2(nn.Module):
+    """Returns (logits_btv float32, new_kv tuple or None, final hidden [B, T, H])."""
+
+    config: Qwen2Config
+    remat: bool = False
+
+    @nn.compact
+    def __call__(self, tokens_bt, positions_bt, allowed_bts, kv=None, cache_index=None):
+        cfg = self.config
+        dt = cfg.compute_dtype
+        embed = Embed(cfg.vocab_size, cfg.hidden_size, dt, cfg.params_dtype, name="embed_tokens")
+        x = embed(tokens_bt)
+        cos, sin = rope_cos_sin(positions_bt, cfg.head_dim, cfg.rope_theta)
+        layer_cls = nn.remat(DecoderLayer) if self.remat else DecoderLayer
+        new_kv = []
+        for i in range(cfg.num_hidden_layers):
+            layer_kv = None if kv is None else (kv[0][i], kv[1][i])
+            x, layer_new = layer_cls(cfg, name=f"layers_{i}")(x, cos, sin, allowed_bts, layer_kv,
+                                                              cache_index)
+            new_kv.append(layer_new)
+        x = RMSNorm(cfg.rms_norm_eps, cfg.params_dtype, name="norm")(x)
+        if cfg.tie_word_embeddings:
+            logits = embed.attend(x)
+        else:
+            logits = LMHead(cfg.vocab_size, dt, cfg.params_dtype, name="lm_head")(x)
+        kv_out = None if kv is None else (tuple(p[0] for p in new_kv), tuple(p[1] for p in new_kv))
+        return logits.astype(jnp.float32), kv_out, x
+
+
+# ---------------------------------------------------------------------------------------------
+# Functional API
+# ---------------------------------------------------------------------------------------------
+
+
+def _dummy_inputs():
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    return tokens, tokens, jnp.ones((1, 1, 1), bool)
+
+
+def _boxed_init(config: Qwen2Config, rng: jax.Array):
+    return Qwen2(config).init(rng, *_dummy_inputs())["params"]
+
+
+def init_params(config: Qwen2Config, rng: jax.Array) -> Params:
+    """Random parameters (normal(0.02) kernels and embeddings, zero biases, unit norm scales)."""
+    boxed = jax.jit(_boxed_init, static_argnums=0)(config, rng)
+    return _to_dict(nn.meta.unbox(boxed))
+
+
+def param_logical_axes(config: Qwen2Config) -> dict[str, Any]:
+    """Same tree as the params, each leaf a tuple of logical axis names, e.g. ("embed", "mlp")."""
+    boxed = jax.eval_shape(functools.partial(_boxed_init, config), jax.random.key(0))
+    names = jax.tree.map(lambda b: tuple(b.names), boxed,
+                         is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    return _to_dict(names)
+
+
+def param_shapes(config: Qwen2Config) -> dict[str, Any]:
+    """Same tree as the params with `jax.ShapeDtypeStruct` leaves (no memory allocated)."""
+    boxed = jax.eval_shape(functools.partial(_boxed_init, config), jax.random.key(0))
+    return _to_dict(nn.meta.unbox(boxed))
+
+
+def _to_dict(tree):
+    if isinstance(tree, dict) or hasattr(tree, "items"):
+        return {k: _to_dict(v) for k, v in tree.items()}
+    return tree
+
+
+def positions_from_mask(attention_mask_bt: jax.Array) -> jax.Array:
+    """Left padding: position of each real token counts real tokens before it (pads get 0)."""
+    mask = attention_mask_bt.astype(jnp.int32)
+    return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
+
+
+def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype: Any = None) -> KVCache:
+    """Empty cache of `max_len` slots; dtype defaults to the compute dtype."""
+    dtype = config.compute_dtype if dtype is None else jnp.dtype(dtype)
+    shape = (batch, max_len, config.num_key_value_heads, config.head_dim)
+    layers = range(config.num_hidden_layers)
+    return KVCache(k=tuple(jnp.zeros(shape, dtype) for _ in layers),
+                   v=tuple(jnp.zeros(shape, dtype) for _ in layers),
+                   mask=jnp.zeros((batch, max_len), jnp.int32))
+
+
+def forward_with_hidden(config: Qwen2Config, params: Params, tokens_bt: jax.Array,
+                        positions_bt: jax.Array, attention_mask_bt: jax.Array | None = None,
+                        cache: KVCache | None = None, cache_index: jax.Array | int | None = None,
+                        *, remat: bool = False
+                        ) -> tuple[jax.Array, KVCache | None, jax.Array]:
+    """Like `forward`, also returning the final-norm hidden states [B, T, H] (compute dtype)."""
+    b, t = tokens_bt.shape
+    if attention_mask_bt is None:
+        attention_mask_bt = jnp.ones((b, t), jnp.int32)
+    if cache is None:
+        query_slots = jnp.arange(t)
+        key_mask_bs = attention_mask_bt.astype(bool)
+        kv = None
+    else:
+        if cache_index is None:
+            raise ValueError("forward with a cache needs cache_index (slot of tokens_bt[:, 0])")
+        new_mask = jax.lax.dynamic_update_slice(
+            cache.mask, attention_mask_bt.astype(cache.mask.dtype), (0, cache_index))
+        query_slots = cache_index + jnp.arange(t)
+        key_mask_bs = new_mask.astype(bool)
+        kv = (cache.k, cache.v)
+    key_slots = jnp.arange(key_mask_bs.shape[1])
+    causal_ts = key_slots[None, :] <= query_slots[:, None]
+    allowed_bts = causal_ts[None] & key_mask_bs[:, None, :]
+    logits_btv, new_kv, hidden = Qwen2(config, remat=remat).apply(
+        {"params": params}, tokens_bt, positions_bt, allowed_bts, kv, cache_index)
+    new_cache = None if cache is None else KVCache(new_kv[0], new_kv[1], new_mask)
+    return logits_btv, new_cache, hidden
+
+
+def forward(config: Qwen2Config, params: Params, tokens_bt: jax.Array, positions_bt: jax.Array,
+            attention_mask_bt: jax.Array | None = None, cache: KVCache | None = None,
+            cache_index: jax.Array | int | None = None, *, remat: bool = False
+            ) -> tuple[jax.Array, KVCache | None]:
+    """Returns (logits_btv float32, new_cache).
+
+    Without a cache, token t attends to tokens <= t whose mask is 1. With a cache, the block is
+    written at slots [cache_index, cache_index + T) and attends to every slot <= its own whose
+    cache mask is 1 (the block's own mask is written into the cache mask first).
+    """
+    logits_btv, new_cache, _ = forward_with_hidden(config, params, tokens_bt, positions_bt,
+                                                   attention_mask_bt, cache, cache_index,
+                                                   remat=remat)
+    return logits_btv, new_cache
+
+
+def logits(config: Qwen2Config, params: Params, tokens: jax.Array,
+           attention_mask: jax.Array | None = None) -> jax.Array:
+    """[B, T, V] float32 logits of a (left-padded) batch; positions = cumsum(mask) - 1."""
+    if attention_mask is None:
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    else:
+        positions = positions_from_mask(attention_mask)
+    return forward(config, params, tokens, positions, attention_mask)[0]
