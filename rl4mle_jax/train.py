@@ -294,7 +294,9 @@ class _Trainer:
         if self.ckpt.latest_step() == self.loop.step:
             return  # this step is saved already
         meta = {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
-                "config": self.config.to_dict(), "policy_version": self.loop.version}
+                "config": self.config.to_dict(), "policy_version": self.loop.version,
+                # lets `convert_hf_checkpoint.py --to_hf` export the policy without extra flags
+                "model_config": dataclasses.asdict(self.c.model_config)}
         self.ckpt.save(self.loop.step, self.state, meta, force=force)
 
 
