@@ -1,0 +1,309 @@
+"""Tasks: directories in MLE-bench layout, described by ``task.json``.
+
+Two layouts load:
+
+* ours (also hand-made): ``<root>/task.json``, ``description.md``, ``public/`` (train, test,
+  sample submission, extra files), ``private/<answers_file>``; the reward view is written to
+  ``<root>/reward/{public,private}``.
+* MLE-bench's prepared data: ``<root>/prepared/{public,private}``; the spec comes from
+  ``<root>/task.json`` if present, else from ``rl4mle_jax.env.mlebench``. The reward view is
+  written under the data root (``derived/``) so the user's MLE-bench copy is never modified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl4mle_jax.env.metrics import METRICS
+
+SPLITS = ("reward", "test")
+DEFAULT_TIMEOUT_S = 300.0
+REWARD_FRACTION = 0.2
+REWARD_SEED = 0
+
+
+class TaskSpecError(ValueError):
+    """A task directory or task.json is malformed (message names the file and field)."""
+
+
+def default_data_root() -> Path:
+    """$RL4MLE_DATA, else ~/.cache/rl4mle_jax/tasks."""
+    env = os.environ.get("RL4MLE_DATA")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "rl4mle_jax" / "tasks"
+
+
+@dataclass
+class Task:
+    """One competition: where its files are and how it is scored."""
+
+    id: str
+    root: Path
+    metric: str
+    direction: str  # "higher" | "lower"
+    id_column: str
+    target_columns: list[str]
+    answers_file: str = "answers.csv"  # relative to the private dir
+    description: str = ""
+    reference_scores: dict = field(default_factory=dict)  # {split: {name: score}}
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    label_column: str | None = None  # train column whose one-hot gives target_columns
+    train_file: str = "train.csv"
+    test_file: str = "test.csv"
+    sample_submission_file: str | None = "sample_submission.csv"
+    layout: str = "rl4mle"  # "rl4mle" | "mlebench"
+    reward_fraction: float = REWARD_FRACTION
+    reward_seed: int = REWARD_SEED
+    reward_root: Path | None = None  # where the reward view lives
+    extra: dict = field(default_factory=dict)  # other task.json fields, kept verbatim
+
+    @property
+    def public_dir(self) -> Path:
+        return self.root / "prepared" / "public" if self.layout == "mlebench" else \
+            self.root / "public"
+
+    @property
+    def private_dir(self) -> Path:
+        return self.root / "prepared" / "private" if self.layout == "mlebench" else \
+            self.root / "private"
+
+    def _reward_root(self) -> Path:
+        return self.reward_root if self.reward_root is not None else self.root / "reward"
+
+    def ensure_reward_split(self) -> Path:
+        """Create (or verify) the reward view; returns its root."""
+        from rl4mle_jax.env.datasets.splits import carve_reward_split
+
+        out = self._reward_root()
+        carve_reward_split(public_dir=self.public_dir, out_dir=out, train_file=self.train_file,
+                           test_file=self.test_file,
+                           sample_submission_file=self.sample_submission_file,
+                           id_column=self.id_column, target_columns=self.target_columns,
+                           label_column=self.label_column, fraction=self.reward_fraction,
+                           seed=self.reward_seed)
+        return out
+
+    def input_dir(self, split: str = "reward") -> Path:
+        """Directory the agent's program sees as ./input for `split`."""
+        _check_split(split)
+        if split == "test":
+            return self.public_dir
+        root = self._reward_root()
+        if not (root / "manifest.json").exists():
+            self.ensure_reward_split()
+        return root / "public"
+
+    def answers_path(self, split: str = "reward") -> Path:
+        _check_split(split)
+        if split == "test":
+            return self.private_dir / self.answers_file
+        self.input_dir("reward")
+        return self._reward_root() / "private" / "answers.csv"
+
+    def sample_submission_path(self, split: str = "reward") -> Path | None:
+        if self.sample_submission_file is None:
+            return None
+        return self.input_dir(split) / self.sample_submission_file
+
+    def verify(self) -> list[str]:
+        """Files whose sha256 differs from ``checksums.json`` (empty when all match or when the
+        directory records no checksums, e.g. MLE-bench's own layout)."""
+        from rl4mle_jax.env.datasets.splits import verify_checksums
+
+        sums_p = self.root / "checksums.json"
+        if not sums_p.exists():
+            return []
+        return verify_checksums(self.root, json.loads(sums_p.read_text()))
+
+    def to_spec(self) -> dict[str, Any]:
+        """The task.json form of this task."""
+        d = asdict(self)
+        for k in ("root", "reward_root", "layout", "description", "extra"):
+            d.pop(k)
+        return {**self.extra, **d}
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+_REQUIRED = {"id": str, "metric": str, "id_column": str, "target_columns": list}
+
+
+def task_from_spec(spec: dict[str, Any], root: Path, *, layout: str, where: str) -> Task:
+    """Validate a task.json dict; errors name `where` (the file) and the field."""
+    for name, typ in _REQUIRED.items():
+        if name not in spec:
+            raise TaskSpecError(f"{where}: missing required field {name!r}")
+        if not isinstance(spec[name], typ):
+            raise TaskSpecError(f"{where}: field {name!r} must be a {typ.__name__}, "
+                                f"got {type(spec[name]).__name__}")
+    if spec["metric"] not in METRICS:
+        raise TaskSpecError(f"{where}: field 'metric' must be one of {sorted(METRICS)}, "
+                            f"got {spec['metric']!r}")
+    targets = spec["target_columns"]
+    if not targets or not all(isinstance(t, str) and t for t in targets):
+        raise TaskSpecError(f"{where}: field 'target_columns' must be a non-empty list of "
+                            f"column names, got {targets!r}")
+    direction = spec.get("direction", METRICS[spec["metric"]].direction)
+    if direction not in ("higher", "lower"):
+        raise TaskSpecError(f"{where}: field 'direction' must be 'higher' or 'lower', "
+                            f"got {direction!r}")
+    timeout = spec.get("timeout_s", DEFAULT_TIMEOUT_S)
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise TaskSpecError(f"{where}: field 'timeout_s' must be a positive number, "
+                            f"got {timeout!r}")
+    refs = spec.get("reference_scores", {})
+    if not isinstance(refs, dict) or not all(isinstance(v, dict) for v in refs.values()):
+        raise TaskSpecError(f"{where}: field 'reference_scores' must map split -> "
+                            f"{{name: score}}, got {refs!r}")
+    fraction = spec.get("reward_fraction", REWARD_FRACTION)
+    if not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise TaskSpecError(f"{where}: field 'reward_fraction' must be in (0, 1), "
+                            f"got {fraction!r}")
+    known = {"id", "metric", "direction", "id_column", "target_columns", "answers_file",
+             "reference_scores", "timeout_s", "label_column", "train_file", "test_file",
+             "sample_submission_file", "reward_fraction", "reward_seed"}
+    return Task(id=spec["id"], root=root, metric=spec["metric"], direction=direction,
+                id_column=spec["id_column"], target_columns=list(targets),
+                answers_file=spec.get("answers_file", "answers.csv"),
+                reference_scores=refs, timeout_s=float(timeout),
+                label_column=spec.get("label_column"),
+                train_file=spec.get("train_file", "train.csv"),
+                test_file=spec.get("test_file", "test.csv"),
+                sample_submission_file=spec.get("sample_submission_file",
+                                                "sample_submission.csv"),
+                layout=layout, reward_fraction=float(fraction),
+                reward_seed=int(spec.get("reward_seed", REWARD_SEED)),
+                extra={k: v for k, v in spec.items() if k not in known})
+
+
+def _discover(spec: dict[str, Any], public: Path, private: Path) -> dict[str, Any]:
+    """Fill file names that the spec leaves out from what the directories contain."""
+    spec = dict(spec)
+    if "answers_file" not in spec:
+        for name in ("answers.csv", "test.csv"):
+            if (private / name).exists():
+                spec["answers_file"] = name
+                break
+    if "sample_submission_file" not in spec:
+        cands = sorted(p.name for p in public.glob("*.csv") if "sample" in p.name.lower()
+                       and "submission" in p.name.lower())
+        if cands:
+            spec["sample_submission_file"] = ("sample_submission.csv"
+                                              if "sample_submission.csv" in cands else cands[0])
+    for key, stem in (("train_file", "train"), ("test_file", "test")):
+        if key not in spec:
+            for ext in (".csv", ".json"):
+                if (public / f"{stem}{ext}").exists():
+                    spec[key] = stem + ext
+                    break
+    return spec
+
+
+def _check_files(task: Task, where: str) -> None:
+    for d, what in ((task.public_dir, "public"), (task.private_dir, "private")):
+        if not d.is_dir():
+            raise TaskSpecError(f"{where}: {what} directory {d} does not exist")
+    for name in (task.train_file, task.test_file):
+        if not (task.public_dir / name).is_file():
+            raise TaskSpecError(f"{where}: public file {task.public_dir / name} does not exist")
+    if not (task.private_dir / task.answers_file).is_file():
+        raise TaskSpecError(f"{where}: answers file {task.private_dir / task.answers_file} "
+                            f"does not exist (field 'answers_file')")
+
+
+def load_task_dir(path: Path, data_root: Path | None = None) -> Task:
+    """Load a task directory in our layout or MLE-bench's prepared layout."""
+    path = Path(path).expanduser().resolve()
+    if path.name == "prepared" and (path / "public").is_dir():
+        path = path.parent
+    spec_file = path / "task.json"
+    spec: dict[str, Any] | None = None
+    if spec_file.exists():
+        try:
+            spec = json.loads(spec_file.read_text())
+        except json.JSONDecodeError as e:
+            raise TaskSpecError(f"{spec_file}: not valid JSON ({e})") from None
+        if not isinstance(spec, dict):
+            raise TaskSpecError(f"{spec_file}: must hold a JSON object")
+    if (path / "prepared" / "public").is_dir():
+        layout = "mlebench"
+        public, private = path / "prepared" / "public", path / "prepared" / "private"
+        if spec is None:
+            from rl4mle_jax.env.mlebench import spec_for
+
+            spec = spec_for(path.name, public)
+            where = f"MLE-bench spec for {path.name!r} ({path})"
+        else:
+            where = str(spec_file)
+    elif spec is not None:
+        layout, public, private, where = "rl4mle", path / "public", path / "private", \
+            str(spec_file)
+    else:
+        raise TaskSpecError(f"{path}: not a task directory (needs task.json with public/ and "
+                            f"private/, or MLE-bench's prepared/public and prepared/private)")
+    spec = _discover(spec, public, private)
+    task = task_from_spec(spec, path, layout=layout, where=where)
+    _check_files(task, where)
+    for name in ("description.md",):
+        for cand in (path / name, public / name):
+            if cand.exists():
+                task.description = cand.read_text()
+                break
+    if layout == "mlebench" or not os.access(path, os.W_OK):
+        digest = hashlib.sha256(str(path).encode()).hexdigest()[:10]
+        task.reward_root = (data_root or default_data_root()) / "derived" / \
+            f"{task.id}-{digest}" / "reward"
+    return task
+
+
+def list_tasks() -> list[str]:
+    """Ids of the local task suite (built from data inside installed packages)."""
+    from rl4mle_jax.env.datasets import REGISTRY
+
+    return sorted(REGISTRY)
+
+
+def prepare_task(task_id: str, data_root: str | Path | None = None, *, force: bool = False,
+                 reference: str = "auto") -> Task:
+    """Build a local task into the data root (idempotent; fast when checksums match).
+
+    reference: "auto" (recorded scores if the data matches, else run the baselines),
+      "recorded" (never run), "compute" (always run the baselines).
+    """
+    from rl4mle_jax.env.datasets import build_task
+
+    root = Path(data_root).expanduser() if data_root else default_data_root()
+    return build_task(task_id, root, force=force, reference=reference)
+
+
+def load_task(path_or_id: str | Path, data_root: str | Path | None = None) -> Task:
+    """Load a task by directory path, or by id (local suite: prepared on first use; MLE-bench
+    ids: ``~/.cache/mle-bench/data/<id>`` or ``$MLEBENCH_DATA/<id>``)."""
+    root = Path(data_root).expanduser() if data_root else default_data_root()
+    p = Path(path_or_id).expanduser()
+    if p.exists():
+        return load_task_dir(p, data_root=root)
+    name = str(path_or_id)
+    from rl4mle_jax.env.datasets import REGISTRY
+
+    if name in REGISTRY:
+        return prepare_task(name, root)
+    if (root / name / "task.json").exists():
+        return load_task_dir(root / name, data_root=root)
+    from rl4mle_jax.env.mlebench import SPECS, mlebench_data_root
+
+    if name in SPECS:
+        cand = mlebench_data_root() / name
+        if cand.exists():
+            return load_task_dir(cand, data_root=root)
+        raise TaskSpecError(f"MLE-bench task {name!r} is not prepared at {cand}; run MLE-bench's "
+                            f"`mlebench prepare -c {name}` or pass the directory path")
+    raise TaskSpecError(f"unknown task {name!r}: not a directory, not a local task "
+                        f"({', '.join(sorted(REGISTRY))}), not an MLE-bench spec")
