@@ -1,0 +1,99 @@
+"""Host-side check of a learner batch against the contract (before it enters the jitted step).
+
+Keys and shapes: tokens, attention_mask, response_mask, old_logprobs, ref_logprobs,
+values_old [B, T]; rewards, durations, group_ids [B]. Which keys are required depends on the
+learner config (`required_batch_keys`). Host (numpy) arrays are also checked for values:
+finite floats, token ids within the vocabulary, durations >= 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rl4mle_jax.rl.learner_config import LearnerConfig
+
+Batch = dict[str, Any]
+BT_KEYS = ("tokens", "attention_mask", "response_mask", "old_logprobs", "ref_logprobs",
+           "values_old")
+B_KEYS = ("rewards", "durations", "group_ids")
+_INT_KEYS = ("tokens", "group_ids")
+
+
+def required_batch_keys(config: LearnerConfig) -> tuple[str, ...]:
+    keys = ["tokens", "attention_mask", "response_mask", "old_logprobs", "rewards", "durations"]
+    if config.uses_critic:
+        keys.append("values_old")
+    if config.uses_ref:
+        keys.append("ref_logprobs")
+    if config.advantage_estimator != "gae":
+        keys.append("group_ids")
+    return tuple(keys)
+
+
+def _check_values(key: str, x: np.ndarray, vocab_size: int | None) -> None:
+    if key == "tokens" and vocab_size is not None and x.size:
+        lo, hi = int(x.min()), int(x.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"batch['tokens'] has id {lo if lo < 0 else hi} outside "
+                             f"[0, vocab_size={vocab_size})")
+    elif x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+        rows = np.unique(np.argwhere(~np.isfinite(x))[:, 0]).tolist()
+        raise ValueError(f"batch[{key!r}] has non-finite values in rows {rows[:10]}")
+    if key == "durations" and np.any(x < 0):
+        raise ValueError(f"batch['durations'] has negative values: {x[x < 0].tolist()[:10]}")
+
+
+def prepare_batch(batch: Batch, config: LearnerConfig, batch_divisor: int = 1,
+                  vocab_size: int | None = None) -> Batch:
+    """The batch with exactly the keys the step uses, cast (int32 ids, float32 otherwise).
+
+    Fills `durations` with ones when duration weighting is off and `group_ids` from
+    `group_size` (consecutive rows) when a group estimator needs them and none are given.
+    batch_divisor: the batch must split evenly over the data×fsdp devices.
+    """
+    batch = dict(batch)
+    if "tokens" not in batch:
+        raise KeyError("batch has no 'tokens' [B, T]")
+    if np.ndim(batch["tokens"]) != 2:
+        raise ValueError(f"batch['tokens'] must be [B, T], got shape {np.shape(batch['tokens'])}")
+    b, t = np.shape(batch["tokens"])
+    if "durations" not in batch and config.duration_weighting == "off":
+        batch["durations"] = np.ones((b,), np.float32)
+    if "group_ids" not in batch and config.advantage_estimator != "gae":
+        if b % config.group_size:
+            raise ValueError(f"batch size {b} is not a multiple of group_size {config.group_size}")
+        batch["group_ids"] = np.arange(b, dtype=np.int32) // config.group_size
+    keys = required_batch_keys(config)
+    missing = [k for k in keys if k not in batch]
+    if missing:
+        raise KeyError(f"batch is missing {missing} (have {sorted(batch)}); this learner config "
+                       f"needs {list(keys)}")
+    out = {}
+    for k in keys:
+        shape = tuple(np.shape(batch[k]))
+        want = (b, t) if k in BT_KEYS else (b,)
+        if shape != want:
+            raise ValueError(f"batch[{k!r}] has shape {shape}, expected {want} "
+                             f"(tokens is {(b, t)})")
+        x = batch[k]
+        if isinstance(x, jax.Array):  # device data: no host round trip for value checks
+            out[k] = x.astype(jnp.int32 if k in _INT_KEYS else jnp.float32)
+        else:
+            x = np.asarray(x)
+            _check_values(k, x, vocab_size)
+            out[k] = x.astype(np.int32 if k in _INT_KEYS else np.float32)
+    if b % batch_divisor:
+        raise ValueError(f"batch size {b} is not a multiple of the data×fsdp mesh size "
+                         f"{batch_divisor}")
+    if b % config.num_minibatches:
+        raise ValueError(f"batch size {b} is not a multiple of num_minibatches "
+                         f"{config.num_minibatches}")
+    n_mb = b // config.num_minibatches
+    if config.micro_batch_size and n_mb % config.micro_batch_size:
+        raise ValueError(f"minibatch size {n_mb} is not a multiple of micro_batch_size "
+                         f"{config.micro_batch_size}")
+    return out

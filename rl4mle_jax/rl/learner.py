@@ -1,0 +1,361 @@
+"""PPO learner: one jitted, sharded `train_step(state, batch) -> (state, metrics)`.
+
+Per train_step, on the whole batch (before any splitting, so that the statistics are batch
+level): token rewards (KL-in-reward optional) → advantages and returns (`rl.advantages`, from
+the critic values recorded at rollout time), duration weights (`rl.duration`). Then
+`ppo_epochs` × `num_minibatches` optimizer updates; each update accumulates gradients over
+micro-batches with a `lax.scan`, every micro-batch loss normalised by its minibatch's token
+(or sequence) count, so the sum equals the loss of the whole minibatch exactly.
+
+Batch (see the contract in the helpers' brief): tokens, attention_mask, response_mask,
+old_logprobs [B, T] (position t: log p(tokens[t] | tokens[<t]), at the sampling temperature),
+rewards [B] (one score per episode), durations [B] (Δt, s), values_old [B, T] (critic), and
+ref_logprobs [B, T] (KL), group_ids [B] (grpo/rloo) when the config needs them.
+`compute_logprobs_and_values` produces old_logprobs/values_old/ref_logprobs in that alignment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from rl4mle_jax import models
+from rl4mle_jax import sharding as shd
+from rl4mle_jax.rl import advantages as adv_lib
+from rl4mle_jax.rl import critic as critic_lib
+from rl4mle_jax.rl import duration, ppo
+from rl4mle_jax.rl.batch import Batch, prepare_batch, required_batch_keys
+from rl4mle_jax.rl.learner_config import LearnerConfig
+from rl4mle_jax.rl.state import (
+    TrainState,
+    create_train_state,
+    make_optimizer,
+    make_schedule,
+    opt_state_shardings,
+)
+
+# How per-micro-batch metrics combine into one number (default: token-weighted mean).
+_SUMMED = ("loss", "pg_loss", "vf_loss", "actor_loss", "kl_loss", "entropy")  # already /full count
+_MAXED = ("ratio_max",)
+_MINNED = ("ratio_min",)
+
+
+def shift_right(x_bt: jax.Array) -> jax.Array:
+    """x[:, t-1] at position t, 0 at t = 0: a per-position output of the model aligned with
+    the token it predicts (the state before token t)."""
+    return jnp.pad(x_bt[:, :-1], ((0, 0), (1, 0)))
+
+
+def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array
+                               ) -> tuple[jax.Array, jax.Array]:
+    """log p(tokens[t] | tokens[<t]) and that distribution's entropy, both [B, T] (0 at t=0)."""
+    logp_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32), axis=-1)
+    logp_bt = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
+    entropy_bt = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
+    pad = ((0, 0), (1, 0))
+    return jnp.pad(logp_bt, pad), jnp.pad(entropy_bt, pad)
+
+
+def _combine(metrics: dict[str, jax.Array], weights: jax.Array) -> dict[str, jax.Array]:
+    """Reduce stacked per-micro-batch metrics [N] to scalars."""
+    out = {}
+    for k, v in metrics.items():
+        if k in _SUMMED:
+            out[k] = jnp.sum(v)
+        elif k in _MAXED:
+            out[k] = jnp.max(v)
+        elif k in _MINNED:
+            out[k] = jnp.min(v)
+        else:
+            out[k] = jnp.sum(v * weights)
+    return out
+
+
+class Learner:
+    """Shardings, optimizers and the jitted functions of the PPO learner.
+
+    Attributes: `train_step` (validating wrapper around `train_step_jit`), `init_state`,
+    `compute_logprobs_and_values`, `compute_logprobs` (for the frozen reference),
+    `shard_params`, `abstract_state`.
+    """
+
+    def __init__(self, model_config: models.Qwen2Config, config: LearnerConfig, mesh: Mesh,
+                 rules: shd.Rules = shd.DEFAULT_RULES):
+        self.model_config, self.config, self.mesh, self.rules = model_config, config, mesh, rules
+        cfg = config
+        self.updates_per_step = cfg.ppo_epochs * cfg.num_minibatches
+
+        def opt(lr: float) -> tuple[optax.GradientTransformation, optax.Schedule]:
+            schedule = make_schedule(lr, cfg.warmup_steps, cfg.total_steps, cfg.lr_schedule,
+                                     cfg.min_lr_ratio)
+            return make_optimizer(schedule, max_grad_norm=cfg.max_grad_norm, b1=cfg.adam_b1,
+                                  b2=cfg.adam_b2, eps=cfg.adam_eps,
+                                  weight_decay=cfg.weight_decay), schedule
+
+        self.actor_opt, self.actor_schedule = opt(cfg.actor_lr)
+        self.critic_opt, self.critic_schedule = opt(cfg.critic_lr)
+        self.entropy_schedule = ppo.entropy_coef_schedule(
+            cfg.entropy_coef, cfg.entropy_coef_end, cfg.entropy_decay_steps, cfg.entropy_schedule)
+
+        # Shardings from logical names, computed once.
+        repl = shd.replicated(mesh)
+        self.batch_sharding = shd.batch_sharding(mesh, rules)
+        key = jax.random.PRNGKey(0)
+        abstract_policy = jax.eval_shape(lambda k: models.init_params(model_config, k), key)
+        self.policy_shardings = shd.logical_to_sharding(
+            models.param_logical_axes(model_config), mesh, rules, abstract_policy)
+        abstract_critic = jax.eval_shape(self._init_critic, abstract_policy, key)
+        self.critic_shardings = shd.logical_to_sharding(self._critic_axes(), mesh, rules,
+                                                        abstract_critic)
+        self.state_shardings = TrainState(
+            step=repl, policy_params=self.policy_shardings, critic_params=self.critic_shardings,
+            actor_opt_state=opt_state_shardings(self.actor_opt, abstract_policy,
+                                                self.policy_shardings, repl),
+            critic_opt_state=opt_state_shardings(self.critic_opt, abstract_critic,
+                                                 self.critic_shardings, repl),
+            rng=repl)
+
+        self.init_state = jax.jit(self._init_state_impl,
+                                  in_shardings=(self.policy_shardings, repl),
+                                  out_shardings=self.state_shardings)
+        self.train_step_jit = jax.jit(self._train_step_impl,
+                                      in_shardings=(self.state_shardings, self.batch_sharding),
+                                      out_shardings=(self.state_shardings, repl),
+                                      donate_argnums=0)
+        bs = self.batch_sharding
+        self.compute_logprobs_and_values = jax.jit(
+            self._logprobs_and_values_impl,
+            in_shardings=(self.policy_shardings, self.critic_shardings, bs, bs),
+            out_shardings=bs)
+        self.compute_logprobs = jax.jit(self._logprobs_impl,
+                                        in_shardings=(self.policy_shardings, bs, bs),
+                                        out_shardings=bs)
+
+    # ----------------------------------------------------------------------- parameters
+    def _init_critic(self, policy_params: Any, rng: jax.Array) -> Any:
+        if not self.config.uses_critic:
+            return {}
+        return critic_lib.init_critic(self.model_config, policy_params, rng,
+                                      shared_trunk=self.config.critic == "shared")
+
+    def _critic_axes(self) -> Any:
+        if not self.config.uses_critic:
+            return {}
+        return critic_lib.critic_logical_axes(self.model_config,
+                                              shared_trunk=self.config.critic == "shared")
+
+    def _init_state_impl(self, policy_params: Any, rng: jax.Array) -> TrainState:
+        k_critic, k_state = jax.random.split(rng)
+        policy = jax.tree.map(jnp.copy, policy_params)  # own buffers (the state is donated)
+        return create_train_state(policy, self._init_critic(policy_params, k_critic),
+                                  self.actor_opt, self.critic_opt, k_state)
+
+    def shard_params(self, params: Any) -> Any:
+        """Policy-shaped params (e.g. the frozen reference) placed with the policy shardings."""
+        return jax.device_put(params, self.policy_shardings)
+
+    def abstract_state(self) -> TrainState:
+        """ShapeDtypeStructs with shardings of the state (for checkpoint restore)."""
+        key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+        abstract_policy = jax.eval_shape(lambda k: models.init_params(self.model_config, k), key)
+        shapes = jax.eval_shape(self._init_state_impl, abstract_policy, key)
+        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                            shapes, self.state_shardings)
+
+    # ------------------------------------------------------------------ model passes
+    def _model_outputs(self, policy: Any, critic: Any, tokens_bt: jax.Array,
+                       attention_mask_bt: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+        """(logits / temperature [B, T, V], values aligned like log-probs [B, T] or None)."""
+        mc, mode, remat = self.model_config, self.config.critic, self.config.remat
+        if mode == "shared":
+            logits, values = critic_lib.logits_and_shared_values(
+                mc, policy, critic["value_head"], tokens_bt, attention_mask_bt, remat=remat)
+        else:
+            logits = critic_lib.policy_logits(mc, policy, tokens_bt, attention_mask_bt,
+                                              remat=remat)
+            values = (critic_lib.critic_values(mc, critic, tokens_bt, attention_mask_bt,
+                                               remat=remat)
+                      if mode == "separate" else None)
+        values = None if values is None else shift_right(values)
+        return logits / self.config.temperature, values
+
+    def _chunked(self, fn, *arrays: jax.Array):
+        """fn over rows in chunks of micro_batch_size (bounds the [B, T, V] logits)."""
+        mbs, b = self.config.micro_batch_size, arrays[0].shape[0]
+        if not mbs or mbs >= b or b % mbs:
+            return fn(*arrays)
+        split = [a.reshape(b // mbs, mbs, *a.shape[1:]) for a in arrays]
+        out = jax.lax.map(lambda xs: fn(*xs), tuple(split))
+        return jax.tree.map(lambda x: x.reshape(b, *x.shape[2:]), out)
+
+    def _logprobs_and_values_impl(self, policy: Any, critic: Any, tokens_bt: jax.Array,
+                                  attention_mask_bt: jax.Array) -> dict[str, jax.Array]:
+        def fn(tokens, mask):
+            logits, values = self._model_outputs(policy, critic, tokens, mask)
+            logp, ent = token_logprobs_and_entropy(logits, tokens)
+            return {"logprobs": logp, "entropy": ent,
+                    "values": jnp.zeros_like(logp) if values is None else values}
+        return self._chunked(fn, tokens_bt, attention_mask_bt)
+
+    def _logprobs_impl(self, params: Any, tokens_bt: jax.Array,
+                       attention_mask_bt: jax.Array) -> jax.Array:
+        def fn(tokens, mask):
+            logits = critic_lib.policy_logits(self.model_config, params, tokens, mask)
+            return token_logprobs_and_entropy(logits / self.config.temperature, tokens)[0]
+        return self._chunked(fn, tokens_bt, attention_mask_bt)
+
+    # --------------------------------------------------------------------- the update
+    def _loss(self, policy, critic, x, normalizer, entropy_coef):
+        cfg = self.config
+        logits, values = self._model_outputs(policy, critic, x["tokens"], x["attention_mask"])
+        logp, entropy = token_logprobs_and_entropy(logits, x["tokens"])
+        if cfg.entropy_coef == 0 and cfg.entropy_coef_end == 0:
+            entropy = jax.lax.stop_gradient(entropy)  # a metric only: skip its backward pass
+        in_loss_kl = cfg.uses_ref and cfg.kl_mode == "loss"
+        loss, metrics = ppo.actor_loss(
+            logp, x["old_logprobs"], x["advantages"], x["mask"],
+            sample_weights_b=x["weights"], entropy_bt=entropy, entropy_coef=entropy_coef,
+            ref_logprobs_bt=x["ref_logprobs"] if in_loss_kl else None, kl_coef=cfg.kl_coef,
+            kl_kind=cfg.kl_estimator, agg_mode=cfg.agg_mode, normalizer=normalizer,
+            clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, dual_clip_c=cfg.dual_clip_c)
+        if values is not None:
+            v_loss, v_metrics = ppo.value_loss(
+                values, x["values_old"], x["returns"], x["mask"], clip_eps=cfg.value_clip_eps,
+                agg_mode=cfg.agg_mode, normalizer=normalizer)
+            loss = loss + (cfg.vf_coef if cfg.critic == "shared" else 1.0) * v_loss
+            metrics.update(v_metrics)
+        return loss, metrics
+
+    def _minibatch_grads(self, policy, critic, mb, entropy_coef):
+        """Gradients of the minibatch loss, accumulated over micro-batches (leading axis of mb)."""
+        mask_all = mb["mask"].reshape(-1, mb["mask"].shape[-1])
+        normalizer = ppo.aggregation_normalizer(mask_all, self.config.agg_mode)
+        n_tokens = jnp.maximum(jnp.sum(mask_all), 1.0)
+        grad_fn = jax.value_and_grad(self._loss, argnums=(0, 1), has_aux=True)
+        f32 = lambda t: jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), t)
+
+        # Pin each micro-batch to the batch axes when it splits evenly over them.
+        constrain = mb["tokens"].shape[1] % shd.batch_divisor(self.mesh, self.rules) == 0
+
+        def micro(acc, x):
+            if constrain:
+                x = jax.tree.map(lambda a: shd.with_batch_constraint(a, self.mesh, self.rules), x)
+            (loss, metrics), (g_pol, g_crit) = grad_fn(policy, critic, x, normalizer,
+                                                       entropy_coef)
+            acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, (g_pol, g_crit))
+            metrics["loss"] = loss
+            return acc, (metrics, jnp.sum(x["mask"]) / n_tokens)
+
+        (g_pol, g_crit), (metrics, weights) = jax.lax.scan(micro, (f32(policy), f32(critic)), mb)
+        metrics = _combine(metrics, weights)
+        cast = lambda g, p: jax.tree.map(lambda a, q: a.astype(q.dtype), g, p)
+        return cast(g_pol, policy), cast(g_crit, critic), metrics
+
+    def _train_step_impl(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        cfg = self.config
+        tokens = batch["tokens"]
+        b, t = tokens.shape
+        mask = (batch["response_mask"] * batch["attention_mask"]).astype(jnp.float32)
+        valid_b = jnp.sum(mask, axis=1) > 0
+        old_logprobs = batch["old_logprobs"].astype(jnp.float32)
+
+        kl_ref = None
+        if cfg.uses_ref:
+            kl_ref = ppo.kl_penalty(old_logprobs, batch["ref_logprobs"], cfg.kl_estimator)
+        advs = adv_lib.compute_advantages(
+            cfg.advantage_estimator, batch["rewards"].astype(jnp.float32), mask,
+            values_bt=batch["values_old"].astype(jnp.float32) if cfg.uses_critic else None,
+            kl_bt=kl_ref if cfg.kl_mode == "reward" else None, kl_coef=cfg.kl_coef,
+            group_ids_b=batch.get("group_ids"), gamma=cfg.gamma, lam=cfg.lam,
+            whiten_advantages=cfg.whiten_advantages)
+        weights_b = duration.duration_weights(batch["durations"], cfg.duration_weighting,
+                                              valid_b=valid_b)
+        rows = {"tokens": tokens, "attention_mask": batch["attention_mask"], "mask": mask,
+                "old_logprobs": old_logprobs, "advantages": advs.advantages_bt,
+                "returns": advs.returns_bt, "weights": weights_b}
+        for k in ("ref_logprobs", "values_old"):
+            if k in batch:
+                rows[k] = batch[k].astype(jnp.float32)
+
+        # Row indices of every (update, micro-batch): [U, n_micro, micro_bs].
+        n_mb = b // cfg.num_minibatches
+        micro_bs = cfg.micro_batch_size or n_mb
+        rng, k_perm = jax.random.split(state.rng)
+        if cfg.shuffle:
+            perms = jax.vmap(lambda k: jax.random.permutation(k, b))(
+                jax.random.split(k_perm, cfg.ppo_epochs))
+        else:
+            perms = jnp.tile(jnp.arange(b), (cfg.ppo_epochs, 1))
+        idx = perms.reshape(self.updates_per_step, n_mb // micro_bs, micro_bs)
+        entropy_coef = self.entropy_schedule(state.step)
+
+        def update(carry, idx_nm):
+            policy, critic, a_opt, c_opt = carry
+            mb = jax.tree.map(lambda x: x[idx_nm], rows)
+            g_pol, g_crit, metrics = self._minibatch_grads(policy, critic, mb, entropy_coef)
+            metrics["grad_norm_actor"] = optax.tree.norm(g_pol)
+            upd, a_opt = self.actor_opt.update(g_pol, a_opt, policy)
+            policy = optax.apply_updates(policy, upd)
+            if cfg.uses_critic:
+                metrics["grad_norm_critic"] = optax.tree.norm(g_crit)
+                upd, c_opt = self.critic_opt.update(g_crit, c_opt, critic)
+                critic = optax.apply_updates(critic, upd)
+            return (policy, critic, a_opt, c_opt), metrics
+
+        carry = (state.policy_params, state.critic_params, state.actor_opt_state,
+                 state.critic_opt_state)
+        (policy, critic, a_opt, c_opt), metrics = jax.lax.scan(update, carry, idx)
+        u = self.updates_per_step
+        metrics = _combine(metrics, jnp.full((u,), 1.0 / u))
+        metrics = {k: (v / u if k in _SUMMED else v) for k, v in metrics.items()}
+
+        n_valid = jnp.maximum(jnp.sum(valid_b), 1)
+        last_update = state.step * u + u - 1
+        metrics.update({
+            "lr_actor": self.actor_schedule(last_update),
+            "lr_critic": self.critic_schedule(last_update),
+            "reward_mean": jnp.sum(batch["rewards"] * valid_b) / n_valid,
+            "response_length_mean": jnp.sum(mask) / n_valid,
+            "advantages_mean": ppo.masked_mean(advs.advantages_bt, mask),
+            "returns_mean": ppo.masked_mean(advs.returns_bt, mask),
+            "duration_weight_max": jnp.max(weights_b),
+            "duration_mean": jnp.sum(batch["durations"] * valid_b) / n_valid,
+        })
+        if kl_ref is not None:
+            metrics["kl_ref_behaviour"] = ppo.masked_mean(kl_ref, mask)
+        if cfg.uses_critic:
+            metrics["values_old_mean"] = ppo.masked_mean(batch["values_old"], mask)
+        new_state = state.replace(step=state.step + 1, policy_params=policy, critic_params=critic,
+                                  actor_opt_state=a_opt, critic_opt_state=c_opt, rng=rng)
+        return new_state, metrics
+
+    # -------------------------------------------------------------------- host side
+    def required_keys(self) -> tuple[str, ...]:
+        return required_batch_keys(self.config)
+
+    def prepare_batch(self, batch: Batch) -> Batch:
+        """The batch checked against the contract, with exactly the keys the step uses."""
+        return prepare_batch(batch, self.config, shd.batch_divisor(self.mesh, self.rules),
+                             self.model_config.vocab_size)
+
+    def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        """Validated `train_step_jit` (the state is donated: do not reuse the argument)."""
+        return self.train_step_jit(state, self.prepare_batch(batch))
+
+
+def make_learner(model_config: models.Qwen2Config, ppo_config: LearnerConfig | Any,
+                 mesh: Mesh, rules: shd.Rules = shd.DEFAULT_RULES) -> Learner:
+    """A Learner; `ppo_config` may be a LearnerConfig or a dict/ConfigDict of its fields."""
+    if not isinstance(ppo_config, LearnerConfig):
+        ppo_config = LearnerConfig.from_dict(ppo_config)
+    return Learner(model_config, ppo_config, mesh, rules)
+
+
+def make_train_step(model_config: models.Qwen2Config, ppo_config: LearnerConfig | Any,
+                    mesh: Mesh, rules: shd.Rules = shd.DEFAULT_RULES):
+    """The validated, jitted `train_step(state, batch) -> (state, metrics)` of a new Learner."""
+    return make_learner(model_config, ppo_config, mesh, rules).train_step

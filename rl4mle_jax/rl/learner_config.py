@@ -1,0 +1,105 @@
+"""Hyper-parameters of the PPO learner (a frozen dataclass; build it from a ConfigDict)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rl4mle_jax.rl import ppo
+
+CRITIC_MODES = ("separate", "shared", "none")
+KL_MODES = ("none", "loss", "reward")
+ADVANTAGE_ESTIMATORS = ("gae", "grpo", "rloo")
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """Defaults follow verl's PPO and the paper (lr 1e-5, clip 0.2, γ = λ = 1)."""
+
+    # Optimisation. Schedule steps count optimizer updates (ppo_epochs × num_minibatches per
+    # train_step), as optax counts them.
+    actor_lr: float = 1e-5
+    critic_lr: float = 1e-5
+    lr_schedule: str = "constant"  # "constant" | "cosine" (after linear warmup)
+    warmup_steps: int = 0
+    total_steps: int = 0  # cosine horizon, in optimizer updates
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    adam_b1: float = 0.9
+    adam_b2: float = 0.999
+    adam_eps: float = 1e-8
+    max_grad_norm: float | None = 1.0
+    # Passes over one batch.
+    ppo_epochs: int = 1
+    num_minibatches: int = 1
+    micro_batch_size: int = 0  # rows per forward/backward; 0 = the whole minibatch
+    shuffle: bool = True
+    # Losses (rl.ppo).
+    agg_mode: str = "token-mean"
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    dual_clip_c: float | None = 3.0
+    value_clip_eps: float | None = 0.5
+    vf_coef: float = 0.5  # weight of the value loss in the shared-trunk loss
+    entropy_coef: float = 0.0
+    entropy_coef_end: float = 0.0
+    entropy_decay_steps: int = 0  # in train steps; 0 = constant
+    entropy_schedule: str = "linear"
+    kl_mode: str = "none"  # "none" | "loss" | "reward"
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    # Advantages (rl.advantages) and duration weights (rl.duration).
+    advantage_estimator: str = "gae"
+    group_size: int = 1  # without batch["group_ids"]: rows [g·G, (g+1)·G) share a prompt
+    gamma: float = 1.0
+    lam: float = 1.0
+    whiten_advantages: bool | None = None  # None: the estimator's default (gae yes, groups no)
+    duration_weighting: str = "batch_mean"  # "off" | "batch_mean" | "log1p"
+    # Model side.
+    critic: str = "separate"  # "separate" | "shared" | "none"
+    temperature: float = 1.0  # sampling temperature the behaviour log-probs were taken at
+    remat: bool = False  # rematerialise decoder layers in the backward pass (saves memory)
+
+    def __post_init__(self):
+        def check(name: str, allowed: tuple[str, ...]):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"LearnerConfig.{name}={getattr(self, name)!r} is not one of "
+                                 f"{allowed}")
+        check("critic", CRITIC_MODES)
+        check("kl_mode", KL_MODES)
+        check("advantage_estimator", ADVANTAGE_ESTIMATORS)
+        check("agg_mode", ppo.AGG_MODES)
+        check("lr_schedule", ("constant", "cosine"))
+        check("duration_weighting", ("off", "batch_mean", "batch-mean", "log1p"))
+        if self.advantage_estimator == "gae" and self.critic == "none":
+            raise ValueError("advantage_estimator='gae' needs a critic; use critic='separate' "
+                             "or 'shared', or a group estimator ('grpo', 'rloo')")
+        for name in ("ppo_epochs", "num_minibatches", "group_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LearnerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.micro_batch_size < 0:
+            raise ValueError(f"LearnerConfig.micro_batch_size must be >= 0, got "
+                             f"{self.micro_batch_size}")
+        if self.temperature <= 0:
+            raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.critic != "none"
+
+    @property
+    def uses_ref(self) -> bool:
+        return self.kl_mode != "none" and self.kl_coef > 0
+
+    @classmethod
+    def from_dict(cls, d: Any) -> LearnerConfig:
+        """From a dict/ConfigDict; unknown keys are an error naming them."""
+        d = dict(d.to_dict() if hasattr(d, "to_dict") else d)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise KeyError(f"unknown learner config keys {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
