@@ -175,7 +175,10 @@ def value_loss(
         v_clipped = v_old + jnp.clip(v - v_old, -clip_eps, clip_eps)
         loss_clipped = jnp.square(v_clipped - ret)
         loss_bt = 0.5 * jnp.maximum(loss_unclipped, loss_clipped)
-        clipfrac = masked_mean((loss_clipped > loss_unclipped).astype(jnp.float32), mask)
+        # Only where v left the clip range can the clipped loss differ; without that gate,
+        # rounding in v_old + (v - v_old) flips the comparison between device layouts.
+        clipped = (jnp.abs(v - v_old) > clip_eps) & (loss_clipped > loss_unclipped)
+        clipfrac = masked_mean(clipped.astype(jnp.float32), mask)
     loss = aggregate(loss_bt, mask, agg_mode, None, normalizer)
     ret_mean = masked_mean(ret, mask)
     ret_var = masked_mean(jnp.square(ret - ret_mean), mask)
