@@ -25,7 +25,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.warmstart = ml_collections.ConfigDict()
     c.warmstart.enabled = True
-    c.warmstart.cache_dir = ""  # default: ~/.cache/rl4mle_jax/warmstart
+    c.warmstart.cache_dir = ""  # default: $RL4MLE_WARMSTART or ~/.cache/rl4mle_jax/warmstart
     c.warmstart.settings = ml_collections.ConfigDict({})  # WarmStartConfig overrides
 
     c.prompt = ml_collections.ConfigDict()

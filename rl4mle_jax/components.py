@@ -110,9 +110,12 @@ def build_components(config: Any, workdir: Path) -> Components:
         from rl4mle_jax import warmstart
 
         # The warm start renders its demonstrations with the very prompts the loop will use.
-        cache = Path(config.warmstart.cache_dir or "~/.cache/rl4mle_jax/warmstart").expanduser()
+        cache = (Path(config.warmstart.cache_dir).expanduser() if config.warmstart.cache_dir
+                 else warmstart.default_warmstart_dir())
         ws = warmstart.build_warmstart(
-            [task.id], cache, dict(config.warmstart.settings),
+            [task.id], cache, {"max_prompt_tokens": config.prompt.max_prompt_tokens,
+                               "max_response_tokens": config.prompt.max_response_tokens,
+                               **dict(config.warmstart.settings)},
             prompt_config=_prompt_config(config, chat=False), libraries=libraries,
             sandbox=sandbox, data_root=data_root, log=log.info)
         hf_dir, tokenizer = ws.hf_dir, load_tokenizer(ws.hf_dir)
