@@ -11,6 +11,7 @@ INSTALL_REQUIRES = [
     "ml-collections>=1.1.0",
     "transformers>=5.0",
     "tokenizers>=0.23",
+    "jinja2>=3.1.6",  # chat templates (rl4mle_jax.models.tokenizer)
     "safetensors>=0.8.0",
     "numpy>=2.0",
     "pandas>=2.2",
