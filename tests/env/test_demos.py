@@ -1,0 +1,177 @@
+"""Demonstration programs: profiling, generation, real sandbox runs, instrumentation pairs."""
+
+import ast
+import json
+import math
+import shutil
+
+import pytest
+
+from rl4mle_jax.env import demos
+from rl4mle_jax.env.instrument_lm import lm_instrument_prompt, verify_lm_instrumentation
+from rl4mle_jax.env.sandbox import Sandbox
+from rl4mle_jax.env.tasks import load_task, prepare_task
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    backend = "bwrap" if shutil.which("bwrap") else "subprocess"
+    sb = Sandbox(backend=backend, timeout_s=120, memory_mb=4096)
+    yield sb
+    sb.close()
+
+
+def _task(task_id, data_root):
+    return prepare_task(task_id, data_root, reference="recorded")
+
+
+@pytest.mark.parametrize("task_id,kind,text,pixels", [
+    ("food-reviews", "binary_proba", "review", 0.0),
+    ("tweet-source", "class_proba", "text", 0.0),
+    ("diamonds-price", "regression", None, 0.0),
+    ("meats-composition", "regression", None, 0.0),
+    ("digits", "labels", None, 16.0),
+])
+def test_profile(task_id, kind, text, pixels, data_root):
+    task = _task(task_id, data_root)
+    p = demos.profile_task(task)
+    assert (p.kind, p.text_column, p.pixel_max) == (kind, text, pixels)
+    assert p.id_column == task.id_column
+    assert set(p.submission_columns) == set(task.target_columns)
+
+
+@pytest.mark.parametrize("task_id", ["food-reviews", "tweet-source", "diamonds-price",
+                                     "leaf-species", "meats-composition", "diamonds-cut"])
+def test_generated_programs_are_varied_python(task_id, data_root):
+    task = _task(task_id, data_root)
+    progs = demos.generate_programs(task, n=10, seed=0)
+    assert len(progs) == 10
+    assert len({p.code for p in progs}) == 10
+    assert len({p.family for p in progs}) >= 3
+    for p in progs:
+        ast.parse(p.code)
+        for path in ("./input/train.csv", "./input/test.csv", "./submission/submission.csv"):
+            assert path in p.code
+        assert ".fit(" in p.code
+        sentences = [s for s in p.plan.split(". ") if s.strip()]
+        assert 1 <= len(sentences) <= 3, p.plan
+    # Same seed, same programs; another seed, other programs.
+    assert [p.code for p in demos.generate_programs(task, n=10, seed=0)] == [p.code for p in progs]
+    assert [p.code for p in demos.generate_programs(task, n=10, seed=1)] != [p.code for p in progs]
+
+
+def test_log_target_for_rmsle_and_proba_columns(data_root):
+    code = demos.generate_programs(_task("diamonds-price", data_root), n=1)[0].code
+    assert "np.log1p(train[target])" in code and "np.expm1(" in code
+    code = demos.generate_programs(_task("tweet-source", data_root), n=1)[0].code
+    assert "predict_proba" in code and "sample.columns.drop(\"id\")" in code
+    code = demos.generate_programs(_task("diamonds-cut", data_root), n=1)[0].code
+    assert "model.predict(X_test)" in code and "predict_proba" not in code
+
+
+def _reference(task, name="baseline"):
+    return task.reference_scores.get("reward", {}).get(name)
+
+
+@pytest.mark.parametrize("task_id,floor", [("food-reviews", 0.75),
+                                           ("tweet-source", None)])
+def test_demos_run_in_sandbox_and_score_near_reference(task_id, floor, data_root, sandbox):
+    task = _task(task_id, data_root)
+    progs = demos.generate_programs(task, n=3, seed=0)
+    ds = demos.run_programs(task, progs, sandbox, workers=2, timeout_s=120)
+    assert [d.code for d in ds] == [p.code for p in progs]
+    valid = [d for d in ds if d.valid]
+    assert len(valid) >= 2, [(d.family, d.status, d.reason) for d in ds]
+    for d in valid:
+        assert d.status == "ok" and d.duration_s > 0 and math.isfinite(d.score)
+        assert d.reward == (d.score if task.direction == "higher" else -d.score)
+        assert "model_trained" in d.milestones and "submission_written" in d.milestones
+        assert d.outcome.startswith("No error detected")
+    best = max(d.reward for d in valid)
+    ref = _reference(task)
+    if ref is not None:  # the best demo is at least close to the task's simple baseline
+        sign = 1 if task.direction == "higher" else -1
+        assert sign * best >= sign * ref - 0.1 * max(abs(ref), 0.1)
+    elif floor is not None:
+        assert best >= floor
+    else:  # log loss: better than the uniform prediction over the classes
+        assert -best < math.log(len(task.target_columns))
+
+
+def test_failed_program_is_kept_with_reason(data_root, sandbox):
+    task = _task("food-reviews", data_root)
+    prog = demos.generate_programs(task, n=1)[0]
+    broken = demos.DemoProgram(prog.plan, prog.code.replace('"review"', '"no_such_column"'),
+                               prog.family, prog.params)
+    d = demos.run_program(task, broken, sandbox, timeout_s=60)
+    assert not d.valid and d.status == "error" and d.score is None
+    assert d.reward == pytest.approx(-10 + 0.1 * len(d.milestones))
+    assert "KeyError" in d.reason and "no_such_column" in d.reason
+    assert "KeyError" in d.outcome
+
+
+def test_instrumentation_pairs_are_accepted_by_the_verifier(data_root):
+    task = _task("telco-churn", data_root)
+    codes = [p.code for p in demos.generate_programs(task, n=4)]
+    pairs = demos.instrumentation_pairs(codes)
+    assert len(pairs) == 4
+    for code, (prompt, answer) in zip(codes, pairs):
+        assert prompt == lm_instrument_prompt(code)
+        prog, rec = verify_lm_instrumentation(code, answer)
+        assert rec["accepted"], rec
+        assert set(prog.milestones) >= {"libraries_imported", "data_loaded", "model_trained",
+                                        "predictions_made", "submission_written"}
+        stripped = [ln for ln in answer.splitlines() if "@@MILESTONE" not in ln]
+        assert "\n".join(stripped[1:-1]) == code.rstrip("\n")
+
+
+def test_save_load_roundtrip_and_bad_line(tmp_path):
+    d = demos.Demo("t", "plan.", "print(1)\n", "logistic", {"C": 1.0}, 1.5, "ok", 0.8, True,
+                   None, 0.8, ["model_trained"], "No error detected")
+    demos.save_demos(tmp_path / "d.jsonl", [d, d])
+    assert demos.load_demos(tmp_path / "d.jsonl") == [d, d]
+    assert d.response() == "plan.\n\n```python\nprint(1)\n```"
+    (tmp_path / "bad.jsonl").write_text(json.dumps(d.to_json()) + "\n{\"nope\": 1}\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: not a demo record"):
+        demos.load_demos(tmp_path / "bad.jsonl")
+
+
+def _hand_task(tmp_path, metric, sample_header="id,y", test_header="id,x"):
+    root = tmp_path / "hand"
+    (root / "public").mkdir(parents=True)
+    (root / "private").mkdir()
+    rows = "".join(f"{i},{i * 0.5},{i % 2}\n" for i in range(40))
+    (root / "public" / "train.csv").write_text("id,x,y\n" + rows)
+    (root / "public" / "test.csv").write_text(
+        test_header + "\n" + "".join(f"{i},{i}\n" for i in range(40, 50)))
+    (root / "public" / "sample_submission.csv").write_text(
+        sample_header + "\n" + "".join(f"{i},0\n" for i in range(40, 50)))
+    (root / "private" / "answers.csv").write_text(
+        "id,y\n" + "".join(f"{i},{i % 2}\n" for i in range(40, 50)))
+    (root / "task.json").write_text(json.dumps(
+        {"id": "hand", "metric": metric, "id_column": "id", "target_columns": ["y"]}))
+    return load_task(root)
+
+
+def test_profile_errors_name_the_problem(tmp_path):
+    with pytest.raises(ValueError, match="no demonstration programs for metric 'mean_jaccard'"):
+        demos.profile_task(_hand_task(tmp_path / "a", "mean_jaccard"))
+    with pytest.raises(ValueError, match=r"test\.csv: id column 'id' missing"):
+        demos.profile_task(_hand_task(tmp_path / "b", "auc", test_header="key,x"), split="test")
+    with pytest.raises(ValueError, match=r"submission columns \('z',\) are not the label"):
+        demos.profile_task(_hand_task(tmp_path / "c", "rmse", sample_header="id,z"))
+
+
+def test_lm_instrumented_only_teaches_line_level_answers():
+    code = ("import numpy as np\nX = np.load('x.npy')\nmodel = Ridge()\n"
+            "if model.fit(X, X[:, 0]) is not None:\n    pass\n")
+    assert demos.lm_instrumented(code) is None  # the fit sits in an `if` header: no line spot
+    simple = "import numpy as np\nX = np.load('x.npy')\nmodel = Ridge()\nmodel.fit(X, X[:, 0])\n"
+    out = demos.lm_instrumented(simple)
+    assert out.splitlines()[1] == 'print("@@MILESTONE libraries_imported")'
+    assert 'model.fit(X, X[:, 0])\nprint("@@MILESTONE model_trained")' in out
