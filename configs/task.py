@@ -10,13 +10,17 @@ Launch:
       --config.run.time_budget_s=300 --workdir workdirs/food
 """
 
+import dataclasses
+
 import ml_collections
+
+from rl4mle_jax.warmstart import WarmStartConfig
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.task = arg or "email-spam"  # a local task id (python -m rl4mle_jax.env list) or a directory
+    c.task = arg or "food-reviews"  # a local task id (python -m rl4mle_jax.env list) or a dir
     c.data_root = ""  # default: $RL4MLE_DATA or ~/.cache/rl4mle_jax/tasks
 
     c.model = ml_collections.ConfigDict()
@@ -26,17 +30,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.warmstart = ml_collections.ConfigDict()
     c.warmstart.enabled = True
     c.warmstart.cache_dir = ""  # default: $RL4MLE_WARMSTART or ~/.cache/rl4mle_jax/warmstart
-    c.warmstart.settings = ml_collections.ConfigDict({})  # WarmStartConfig overrides
+    # rl4mle_jax.warmstart.WarmStartConfig, every field (token limits follow c.prompt).
+    c.warmstart.settings = ml_collections.ConfigDict({
+        k: v for k, v in dataclasses.asdict(WarmStartConfig()).items()
+        if k not in ("max_prompt_tokens", "max_response_tokens")})
 
     c.prompt = ml_collections.ConfigDict()
-    c.prompt.max_prompt_tokens = 384
+    c.prompt.max_prompt_tokens = 512  # fits the prompt of every local task
     c.prompt.max_response_tokens = 768
 
     c.sampling = ml_collections.ConfigDict()
     c.sampling.temperature = 0.7  # the paper's
     c.sampling.top_p = 1.0
     c.sampling.top_k = 0
-    c.sampling.prompt_buckets = (128, 256, 384)
+    c.sampling.prompt_buckets = (256, 512)
     c.sampling.batch_buckets = (1, 2, 4, 8)
     c.sampling.max_batch = 4  # requests merged into one sampler call
     c.sampling.max_wait_s = 0.05
@@ -84,7 +91,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.run.batch_size = 8
     c.run.slots = 2  # concurrent episodes (one sandbox CPU each)
     c.run.max_steps = 1000
-    c.run.time_budget_s = 360.0  # RL wall-clock; the paper fixes time, not steps
+    c.run.time_budget_s = 300.0  # RL wall-clock; the paper fixes time, not steps
     c.run.improve_prob = 0.5
     c.run.max_staleness = 4  # policy versions; older episodes are dropped
     c.run.duration_source = "episode"  # Δt for the weights: episode | execution

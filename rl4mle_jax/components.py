@@ -113,9 +113,9 @@ def build_components(config: Any, workdir: Path) -> Components:
         cache = (Path(config.warmstart.cache_dir).expanduser() if config.warmstart.cache_dir
                  else warmstart.default_warmstart_dir())
         ws = warmstart.build_warmstart(
-            [task.id], cache, {"max_prompt_tokens": config.prompt.max_prompt_tokens,
-                               "max_response_tokens": config.prompt.max_response_tokens,
-                               **dict(config.warmstart.settings)},
+            [task.id], cache, {**dict(config.warmstart.settings),
+                               "max_prompt_tokens": config.prompt.max_prompt_tokens,
+                               "max_response_tokens": config.prompt.max_response_tokens},
             prompt_config=_prompt_config(config, chat=False), libraries=libraries,
             sandbox=sandbox, data_root=data_root, log=log.info)
         hf_dir, tokenizer = ws.hf_dir, load_tokenizer(ws.hf_dir)

@@ -1,0 +1,148 @@
+"""End to end: the default config's loop on a (small) warm start, resume after SIGKILL, and
+config errors that fail before any work starts."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from configs import task as task_config  # noqa: E402
+from rl4mle_jax.components import validate_config  # noqa: E402
+
+# A warm start small enough for the test suite (the default one is in configs/task.py).
+WARMSTART = {"demos_per_task": 4, "improve_pairs_per_task": 2, "instrument_pairs_per_task": 2,
+             "steps": 100, "batch_size": 4, "eval_samples": 2,
+             "model_overrides": (("num_hidden_layers", 2),)}
+QUICK = {"run.max_steps": 2, "run.batch_size": 4, "run.slots": 2, "run.checkpoint_every": 1,
+         "run.time_budget_s": 0.0, "run.progress": False, "instrument.max_new_tokens": 256}
+
+
+def _config(cache_dir, **overrides):
+    cfg = task_config.get_config()
+    cfg.warmstart.cache_dir = str(cache_dir)
+    cfg.warmstart.settings.update(WARMSTART)
+    cfg.update_from_flattened_dict({**QUICK, **overrides})
+    return cfg
+
+
+def _cli_flags(cache_dir, **overrides):
+    flags = [f"--config.warmstart.cache_dir={cache_dir}"]
+    for k, v in {**QUICK, **overrides}.items():
+        flags.append(f"--config.{k}={v}")
+    flags += [f"--config.warmstart.settings.{k}={v!r}" for k, v in WARMSTART.items()]
+    return flags
+
+
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory):
+    """Builds the small warm start once (the runs below load it from this cache)."""
+    from rl4mle_jax.components import build_components
+
+    cache = tmp_path_factory.mktemp("warmstart")
+    build_components(_config(cache), cache / "unused")
+    return cache
+
+
+def _records(path):
+    lines = Path(path).read_text().splitlines()
+    return [json.loads(line) for line in lines]  # every line must be valid JSON
+
+
+def test_default_config_end_to_end(warm_cache, tmp_path):
+    from rl4mle_jax.train import train
+
+    workdir = tmp_path / "run"
+    summary = train(_config(warm_cache, **{"run.eval_samples": 2}), workdir)
+
+    names = {p.name for p in workdir.iterdir()}
+    assert {"checkpoints", "experience.jsonl", "metrics.jsonl", "tb", "plots", "report.md",
+            "eval_initial.json", "eval_final.json", "config.json"} <= names
+    assert {p.name for p in (workdir / "plots").iterdir()} >= {
+        "reward.png", "best_score.png", "duration.png", "milestones.png", "instrumentation.png",
+        "utilisation.png"}
+    # The learner stepped twice, on batches of 4 finished episodes.
+    metrics = _records(workdir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["grad_norm_actor"] > 0 for m in metrics)
+    assert summary["loop"]["step"] == 2 and summary["loop"]["episodes_trained"] == 8
+    assert "2" in {p.name for p in (workdir / "checkpoints").iterdir()}
+    # Rewards came from the real sandbox and grader: programs ran (Δt measured) and were graded.
+    episodes = _records(workdir / "experience.jsonl")
+    assert len(episodes) >= 8
+    ran = [e for e in episodes if e["record"]["exec_status"] is not None]
+    assert ran, "no episode's program reached the sandbox"
+    assert all(e["record"]["duration_s"] > 0 for e in ran)
+    graded = [e for e in ran if e["record"]["grade"] is not None]
+    assert graded and all(g["record"]["grade"]["task_id"] == "food-reviews" for g in graded)
+    assert all(g["record"]["grade"]["split"] == "reward" for g in graded)
+    for e in episodes:
+        assert e["reward"] == e["record"]["reward"]
+        assert {"kind", "code", "params_version", "started_at", "finished_at"} <= set(e)
+    report = (workdir / "report.md").read_text()
+    assert "initial policy" in report and "final policy" in report
+
+
+def test_resume_after_sigkill(warm_cache, tmp_path):
+    workdir = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "experiments" / "run.py"),
+           "--config", str(ROOT / "configs" / "task.py"), "--workdir", str(workdir),
+           *_cli_flags(warm_cache, **{"run.max_steps": 4, "run.eval_samples": 0})]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    ckpts = workdir / "checkpoints"
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if ckpts.exists() and any(p.name == "2" for p in ckpts.iterdir()):
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _records(workdir / "experience.jsonl")
+    assert before
+
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = _records(workdir / "experience.jsonl")
+    ids = [e["episode_id"] for e in after]
+    assert len(ids) == len(set(ids)), "an episode was logged twice"
+    assert after[:len(before)] == before, "episodes logged before the kill were lost"
+    metrics = _records(workdir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    walls = [m["wall_s"] for m in metrics]
+    assert walls == sorted(walls)
+    assert "4" in {p.name for p in ckpts.iterdir()}
+    assert (workdir / "report.md").exists() and (workdir / "plots" / "reward.png").exists()
+
+
+def test_bad_config_fails_before_any_work(tmp_path):
+    cfg = task_config.get_config()
+    for key, value, message in [
+        ("env.backend", "chroot", "config.env.backend"),
+        ("run.slots", 0, "config.run.slots"),
+        ("sampling.top_p", 0.9, "config.sampling.top_p"),
+        ("learner.temperature", 1.0, "config.learner.temperature"),
+        ("learner.agg_mode", "token-sum", "config.learner"),
+        ("reward.normalisation", "zscore", "config.reward"),
+    ]:
+        bad = task_config.get_config()
+        bad.update_from_flattened_dict({key: value})
+        with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+            validate_config(bad)
+    validate_config(cfg)
+    # Unknown keys are refused by the command line itself, naming the key.
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "run.py"), "--config",
+                          str(ROOT / "configs" / "task.py"), "--config.run.slotz=2",
+                          "--workdir", str(tmp_path / "w")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0 and "slotz" in out.stderr
+    assert not (tmp_path / "w").exists()
