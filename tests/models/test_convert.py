@@ -29,36 +29,20 @@ from rl4mle_jax.models.convert import KEY_MAP, hf_to_ours_key, ours_to_hf_key
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+from tests.models import hf_utils  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 jit_logits = jax.jit(logits, static_argnums=0)
 AUTO = jax.sharding.AxisType.Auto
 
 
-def make_hf_model(path, *, tied=True, kv_heads=2, theta=5000.0, dtype=None, **save_kw):
-    """Random tiny HF Qwen2 (float32 unless dtype), saved to `path`."""
-    torch.manual_seed(0)
-    cfg = transformers.Qwen2Config(
-        vocab_size=80, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=kv_heads, tie_word_embeddings=tied,
-        rope_parameters={"rope_type": "default", "rope_theta": theta})
-    model = transformers.Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(1.0 if "norm" in name else 0.0, 0.15)
-    if dtype is not None:
-        model = model.to(dtype)
-    model.save_pretrained(path, **save_kw)
-    return model
+def make_hf_model(path, **kw):
+    """The shared random model, in this file's small shape."""
+    return hf_utils.make_hf_model(path, **{"vocab": 80, "hidden": 32, "intermediate": 48,
+                                           "theta": 5000.0, **kw})
 
 
-def hf_logits(model, tokens, mask):
-    positions = np.clip(np.cumsum(mask, -1) - 1, 0, None)
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(tokens, dtype=torch.long),
-                    attention_mask=torch.tensor(mask, dtype=torch.long),
-                    position_ids=torch.tensor(positions, dtype=torch.long))
-    return out.logits.float().numpy()
+hf_logits = hf_utils.hf_logits
 
 
 TOKENS = np.array([[5, 17, 3, 60, 2, 9], [0, 0, 41, 8, 77, 1]], np.int32)
@@ -118,7 +102,7 @@ def test_load_checkpoint_config_forms_match_transformers(tmp_path, form):
 
 def test_sharded_checkpoint_loads_same_as_single(tmp_path):
     make_hf_model(tmp_path / "single")
-    make_hf_model(tmp_path / "sharded", max_shard_size="20KB")
+    make_hf_model(tmp_path / "sharded", save_kw={"max_shard_size": "20KB"})
     index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 2
     assert_trees_equal(load_hf_checkpoint(tmp_path / "single")[1],

@@ -23,36 +23,10 @@ from rl4mle_jax.models.qwen2 import RMSNorm, apply_rope, rope_cos_sin
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+from tests.models.hf_utils import hf_logits, make_hf_model  # noqa: E402
 
 jit_logits = jax.jit(logits, static_argnums=0)
 jit_forward = jax.jit(forward, static_argnums=0)
-
-
-def make_hf_model(tmp_path, *, heads=4, kv_heads=2, tied=True, layers=2, hidden=64, vocab=96,
-                  theta=10000.0, seed=0, **extra):
-    """Random float32 HF Qwen2 saved to tmp_path; weights drawn wider than HF's init (and norm
-    scales around 1) so that every layer moves the logits and layout bugs cannot hide."""
-    torch.manual_seed(seed)
-    cfg = transformers.Qwen2Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        tie_word_embeddings=tied, rope_parameters={"rope_type": "default", "rope_theta": theta},
-        **extra)
-    model = transformers.Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(1.0 if "norm" in name else 0.0, 0.15)
-    model.save_pretrained(tmp_path)
-    return model
-
-
-def hf_logits(model, tokens, mask):
-    positions = np.clip(np.cumsum(mask, -1) - 1, 0, None)
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(tokens, dtype=torch.long),
-                    attention_mask=torch.tensor(mask, dtype=torch.long),
-                    position_ids=torch.tensor(positions, dtype=torch.long))
-    return out.logits.float().numpy()
 
 
 def random_params(cfg, seed=0, scale=0.1):
