@@ -79,7 +79,8 @@ def _sample_codes(comps: Any, params: Any, prompts: list[str], rng: jax.Array, p
                                  max_new_tokens=max_new_tokens, temperature=temperature)
     cands = []
     for i in range(len(prompts)):
-        action = extract_action(tok.decode(out.tokens[i, :out.lengths[i]].tolist()))
+        action = extract_action(tok.decode(out.tokens[i, :out.lengths[i]].tolist(),
+                                                 skip_special_tokens=True))
         cands.append(Candidate(path, action.code if action.ok else None, action.failure))
     return cands
 

@@ -142,7 +142,7 @@ class _Trainer:
                                       jax.random.PRNGKey(self.loop.step),
                                       max_new_tokens=inst.max_new_tokens,
                                       temperature=inst.temperature)
-        return tok.decode(out.tokens[0, :out.lengths[0]].tolist())
+        return tok.decode(out.tokens[0, :out.lengths[0]].tolist(), skip_special_tokens=True)
 
     # --------------------------------------------------------------------- the loop
     async def run(self) -> dict[str, Any]:

@@ -108,7 +108,7 @@ class EpisodeRunner:
         t = time.perf_counter()
         gen = await self.policy.generate(prompt_ids)
         timings["sample_s"] = time.perf_counter() - t
-        response = self.tokenizer.decode(gen.response_ids)
+        response = self.tokenizer.decode(gen.response_ids, skip_special_tokens=True)
         action = extract_action(response)
 
         busy = 0.0
@@ -154,5 +154,5 @@ class EpisodeRunner:
         if self.frozen is None:
             raise ValueError("instrumentation mode 'lm' needs the frozen-copy generation service")
         gen = await self.frozen.generate(self.tokenizer.encode(self.instrumenter.prompt(code)))
-        response = self.tokenizer.decode(gen.response_ids)
+        response = self.tokenizer.decode(gen.response_ids, skip_special_tokens=True)
         return self.instrumenter.from_lm_response(code, response)
