@@ -52,6 +52,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.instrument.mode = "lm"  # lm (frozen copy, verified, static fallback) | static | none
     c.instrument.max_new_tokens = 1024
     c.instrument.temperature = 0.2
+    c.instrument.timeout_s = 120.0  # no answer by then: static instrumentation instead
 
     c.env = ml_collections.ConfigDict()
     c.env.backend = "bwrap"

@@ -134,5 +134,6 @@ def build_components(config: Any, workdir: Path) -> Components:
         sampler=sampler, sandbox=sandbox, context=context, prompt_cfg=prompt_cfg,
         reward_cfg=RewardConfig(**dict(config.reward)),
         episode_cfg=EpisodeConfig(improve_prob=config.run.improve_prob, split="reward",
-                                  timeout_s=timeout_s),
+                                  timeout_s=timeout_s,
+                                  instrument_timeout_s=config.instrument.timeout_s),
         source=source)

@@ -196,6 +196,14 @@ class Instrumenter:
         if prog is not None:
             self._count("lm_accepted")
             return prog
+        return self._fallback(code, rec)
+
+    def reject(self, code: str, reason: str, detail: str = "") -> InstrumentedProgram:
+        """No usable LM answer (e.g. the frozen copy timed out): count it, fall back to static."""
+        return self._fallback(code, {"method": "lm", "accepted": False, "reason": reason,
+                                     "detail": detail, "n_markers": 0})
+
+    def _fallback(self, code: str, rec: dict) -> InstrumentedProgram:
         self._count("lm_rejected")
         self._count(f"lm_rejected_{rec['reason']}")
         fallback = instrument_static(code)

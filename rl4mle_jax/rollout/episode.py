@@ -63,6 +63,7 @@ class EpisodeConfig:
     improve_prob: float = 0.5  # the paper's share of self-improvement prompts
     split: str = "reward"  # RL is never rewarded on the private test labels
     timeout_s: float = 60.0
+    instrument_timeout_s: float = 120.0  # the frozen copy's answer; then static fallback
 
 
 class EpisodeRunner:
@@ -153,6 +154,13 @@ class EpisodeRunner:
             return self.instrumenter(code)
         if self.frozen is None:
             raise ValueError("instrumentation mode 'lm' needs the frozen-copy generation service")
-        gen = await self.frozen.generate(self.tokenizer.encode(self.instrumenter.prompt(code)))
+        prompt_ids = self.tokenizer.encode(self.instrumenter.prompt(code))
+        try:
+            gen = await asyncio.wait_for(self.frozen.generate(prompt_ids),
+                                         self.cfg.instrument_timeout_s)
+        except asyncio.TimeoutError:
+            # An answer that never comes is a rejection like any other: static fallback.
+            return self.instrumenter.reject(
+                code, "timeout", f"no answer within {self.cfg.instrument_timeout_s:.0f} s")
         response = self.tokenizer.decode(gen.response_ids, skip_special_tokens=True)
         return self.instrumenter.from_lm_response(code, response)
