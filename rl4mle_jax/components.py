@@ -14,7 +14,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from rl4mle_jax import models
+from rl4mle_jax import models, sharding
 from rl4mle_jax.env import prompts as prompts_lib
 from rl4mle_jax.env.reward import RewardConfig
 from rl4mle_jax.env.sandbox import Sandbox
@@ -69,6 +69,14 @@ def validate_config(config: Any) -> None:
          f"below prompt.max_prompt_tokens={config.prompt.max_prompt_tokens}")
     need(config.model.hf_dir or config.warmstart.enabled, "model.hf_dir",
          "give a Hugging Face directory or enable the warm start")
+    try:
+        mesh = sharding.make_mesh(**dict(config.mesh))
+    except ValueError as e:
+        raise ValueError(f"config.mesh: {e}") from e
+    divisor = sharding.batch_divisor(mesh)
+    need(config.run.batch_size % divisor == 0, "run.batch_size",
+         f"{config.run.batch_size} is not a multiple of the mesh's data × fsdp size {divisor} "
+         f"({len(mesh.devices.flat)} devices); change run.batch_size or config.mesh")
     for section, cls in (("learner", LearnerConfig), ("reward", RewardConfig)):
         try:
             (cls.from_dict(dict(config[section])) if hasattr(cls, "from_dict")

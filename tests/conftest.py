@@ -1,4 +1,4 @@
-"""Test-wide set-up: 8 virtual CPU devices for sharding tests (must precede the first jax import)."""
+"""Test-wide set-up: 8 virtual CPU devices for sharding tests (set before jax is imported)."""
 
 import os
 

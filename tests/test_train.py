@@ -17,12 +17,12 @@ sys.path.insert(0, str(ROOT))
 from configs import task as task_config  # noqa: E402
 from rl4mle_jax.components import validate_config  # noqa: E402
 
-# A warm start small enough for the test suite (the default one is in configs/task.py).
-WARMSTART = {"demos_per_task": 4, "improve_pairs_per_task": 2, "instrument_pairs_per_task": 2,
-             "steps": 100, "batch_size": 4, "eval_samples": 2,
-             "model_overrides": (("num_hidden_layers", 2),)}
-QUICK = {"run.max_steps": 2, "run.batch_size": 4, "run.slots": 2, "run.checkpoint_every": 1,
-         "run.time_budget_s": 0.0, "run.progress": False, "instrument.max_new_tokens": 256}
+# The default warm start (smaller ones write too few valid programs for the assertions below),
+# with a shorter evaluation of its own.
+WARMSTART = {"eval_samples": 2}
+QUICK = {"mesh.data": 1, "run.max_steps": 2, "run.batch_size": 4, "run.slots": 2,
+         "run.checkpoint_every": 1, "run.time_budget_s": 0.0, "run.progress": False,
+         "instrument.max_new_tokens": 256}
 
 
 def _config(cache_dir, **overrides):
@@ -129,6 +129,8 @@ def test_bad_config_fails_before_any_work(tmp_path):
     for key, value, message in [
         ("env.backend", "chroot", "config.env.backend"),
         ("run.slots", 0, "config.run.slots"),
+        ("run.batch_size", 3, "config.run.batch_size"),  # 8 test devices on the data axis
+        ("mesh.fsdp", 3, "config.mesh"),
         ("sampling.top_p", 0.9, "config.sampling.top_p"),
         ("learner.temperature", 1.0, "config.learner.temperature"),
         ("learner.agg_mode", "token-sum", "config.learner"),
