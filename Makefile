@@ -19,6 +19,7 @@ run: setup
 	$(PY) experiments/run.py --config configs/task.py
 
 test: setup
+	.venv/bin/ruff check .
 	$(PY) -m pytest -q tests
 
 lint: setup
