@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import jax
-import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from configs import task as task_config  # noqa: E402
 from rl4mle_jax import checkpoint as ckpt_lib  # noqa: E402
 from rl4mle_jax import sharding  # noqa: E402
 from rl4mle_jax.components import build_components  # noqa: E402
@@ -38,7 +38,9 @@ def main(argv):
         raise app.UsageError("give exactly one of --workdir or --hf_dir")
     if _WORKDIR.value:
         workdir = Path(_WORKDIR.value)
-        config = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+        # The run's own settings over today's defaults (keys added since the run get defaults).
+        config = task_config.get_config()
+        config.update(json.loads((workdir / "config.json").read_text()))
         comps = build_components(config, workdir)
         learner = make_learner(comps.model_config, dict(config.learner),
                                sharding.make_mesh(**config.mesh))
