@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -55,7 +56,9 @@ def overlay(root: Path, results: dict, key: str, out: Path) -> None:
 
 def main(argv):
     del argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # Our own log lines at INFO; the libraries' (orbax, jax) only from WARNING up.
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    logging.getLogger("rl4mle_jax").setLevel(logging.INFO)
     sweep, root = _CONFIG.value, Path(_WORKDIR.value)
     results = {}
     for variant, overrides in sweep.variants.items():
