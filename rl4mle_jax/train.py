@@ -82,7 +82,8 @@ def train(config: Any, workdir: str | Path) -> dict[str, Any]:
     trainer = _Trainer(config, workdir, comps)
     summary = asyncio.run(trainer.run())
     log.info("best-of-%d of the final policy", n)
-    final = best_of_n(comps, trainer.state.policy_params, n, jax.random.fold_in(key, 2), temp,
+    # The same draws as the initial evaluation: a difference is the policy's, not the dice's.
+    final = best_of_n(comps, trainer.state.policy_params, n, jax.random.fold_in(key, 1), temp,
                       slots)
     save_eval(final, workdir / "eval_final.json")
     best = write_best_solution(comps, workdir / "best_solution", trainer.buffer, final)
