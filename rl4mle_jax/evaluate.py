@@ -36,7 +36,8 @@ class Candidate:
         return rep["score"] if rep and rep.get("valid") else None
 
 
-def _signed(score: float | None, direction: str) -> float:
+def signed_score(score: float | None, direction: str) -> float:
+    """The score oriented so that larger is better; a missing score ranks last."""
     if score is None:
         return float("-inf")
     return score if direction == "higher" else -score
@@ -103,7 +104,7 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
     cands = _sample_codes(comps, params, [solve_prompt] * n_solve, k_solve, "solve",
                           temperature, max_new)
     asyncio.run(_run_candidates(cands, task, comps.sandbox, timeout, concurrency))
-    seed = max(cands, key=lambda c: _signed(c.score("reward"), direction))
+    seed = max(cands, key=lambda c: signed_score(c.score("reward"), direction))
     if n // 2:
         if seed.score("reward") is not None:
             outcome = (f"No error detected, you achieved a score of {seed.score('reward'):.6g} "
@@ -117,8 +118,8 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
                              temperature, max_new)
         asyncio.run(_run_candidates(more, task, comps.sandbox, timeout, concurrency))
         cands += more
-    pick = max(cands, key=lambda c: _signed(c.score("reward"), direction))
-    oracle = max(cands, key=lambda c: _signed(c.score("test"), direction))
+    pick = max(cands, key=lambda c: signed_score(c.score("reward"), direction))
+    oracle = max(cands, key=lambda c: signed_score(c.score("test"), direction))
     valid = [c for c in cands if c.score("reward") is not None]
     return {
         "n": len(cands),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rl4mle_jax.env.grading import grade
+from rl4mle_jax.evaluate import signed_score
 
 
 def brief_eval(result: dict[str, Any]) -> dict[str, Any]:
@@ -31,8 +32,7 @@ def write_best_solution(comps: Any, out_dir: Path, buffer: Any, final: dict[str,
         options.append(("final_best_of_n", pick["code"], pick["reward_score"]))
     if not options:
         return None
-    sign = 1.0 if direction == "higher" else -1.0
-    origin, code, reward_score = max(options, key=lambda o: sign * o[2])
+    origin, code, reward_score = max(options, key=lambda o: signed_score(o[2], direction))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "solution.py").write_text(code)
     res = comps.sandbox.run(code, comps.task.input_dir("test"))
