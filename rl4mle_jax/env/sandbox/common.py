@@ -116,7 +116,8 @@ def finish(raw: RawRun, *, wd: Path, backend: str, limits: Limits,
         signal=signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None,
         peak_memory_mb=peak, stdout_bytes=raw.stdout.total, stderr_bytes=raw.stderr.total,
         stdout_truncated=raw.stdout.truncated, stderr_truncated=raw.stderr.truncated,
-        weak_isolation=weak, warnings=list(warnings))
+        weak_isolation=weak, warnings=list(warnings),
+        evidence=st.get("evidence") if st is not None else None)
 
 
 def input_warnings(input_dir: Path, check_others: bool) -> list[str]:

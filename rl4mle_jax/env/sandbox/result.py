@@ -32,6 +32,8 @@ class ExecResult:
     duration_s: wall-clock of the program itself (Δt); on timeout the time until the kill.
     wall_s: wall-clock of the whole call, sandbox set-up and tear-down included.
     stdout/stderr: decoded text, head and tail kept when longer than the cap, with a marker.
+    evidence: the witness's report of what the program really did (sandbox/witness.py), or None
+      when no witness ran (then milestone and training checks fall back to static analysis).
     """
 
     status: str
@@ -52,6 +54,7 @@ class ExecResult:
     stderr_truncated: bool = False
     weak_isolation: bool = False
     warnings: list[str] = field(default_factory=list)
+    evidence: dict | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
