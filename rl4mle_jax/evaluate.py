@@ -19,7 +19,7 @@ import jax
 
 from rl4mle_jax.env import prompts as prompts_lib
 from rl4mle_jax.env.actions import extract_action
-from rl4mle_jax.env.grading import grade
+from rl4mle_jax.env.execute import arun_and_grade
 
 
 @dataclasses.dataclass
@@ -27,13 +27,14 @@ class Candidate:
     path: str  # "solve" | "improve"
     code: str | None
     failure: str | None
-    reward_split: dict | None = None  # grade report on the reward split
+    reward_split: dict | None = None  # the run's reward record on the reward split
     test_split: dict | None = None
     duration_s: float | None = None
 
     def score(self, split: str) -> float | None:
-        rep = self.reward_split if split == "reward" else self.test_split
-        return rep["score"] if rep and rep.get("valid") else None
+        """The grader's score where the reward rules call the run valid (trained, graded)."""
+        rec = self.reward_split if split == "reward" else self.test_split
+        return rec["score"] if rec and rec.get("status") == "valid" else None
 
 
 def signed_score(score: float | None, direction: str) -> float:
@@ -43,32 +44,23 @@ def signed_score(score: float | None, direction: str) -> float:
     return score if direction == "higher" else -score
 
 
-async def _execute(code: str, task: Any, sandbox: Any, split: str, timeout_s: float
-                   ) -> tuple[dict, float]:
-    res = await sandbox.arun(code, task.input_dir(split), timeout_s=timeout_s)
-    try:
-        if not res.submission_exists:
-            return {"valid": False, "reason": f"no_submission ({res.status})", "score": None}, \
-                res.duration_s
-        report = await asyncio.to_thread(grade, task, res.submission_path, split)
-        return report.to_dict(), res.duration_s
-    finally:
-        if hasattr(res, "cleanup"):
-            res.cleanup()
-
-
 async def _run_candidates(cands: list[Candidate], task: Any, sandbox: Any, timeout_s: float,
                           concurrency: int) -> None:
+    """Each candidate through the one run-and-grade step, on the reward and the test split."""
     sem = asyncio.Semaphore(concurrency)
 
     async def one(c: Candidate) -> None:
         if c.code is None:
             return
-        async with sem:
-            c.reward_split, c.duration_s = await _execute(c.code, task, sandbox, "reward",
-                                                          timeout_s)
-        async with sem:
-            c.test_split, _ = await _execute(c.code, task, sandbox, "test", timeout_s)
+        for split in ("reward", "test"):
+            async with sem:
+                run = await arun_and_grade(c.code, task, sandbox, split=split,
+                                           timeout_s=timeout_s)
+            rec = run.reward.to_dict()
+            if split == "reward":
+                c.reward_split, c.duration_s = rec, run.duration_s
+            else:
+                c.test_split = rec
 
     await asyncio.gather(*(one(c) for c in cands))
 

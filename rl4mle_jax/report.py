@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
-from rl4mle_jax.env.grading import grade
+from rl4mle_jax.env.execute import run_and_grade
 from rl4mle_jax.evaluate import signed_score
 
 
@@ -35,16 +34,14 @@ def write_best_solution(comps: Any, out_dir: Path, buffer: Any, final: dict[str,
     origin, code, reward_score = max(options, key=lambda o: signed_score(o[2], direction))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "solution.py").write_text(code)
-    res = comps.sandbox.run(code, comps.task.input_dir("test"))
+    run = run_and_grade(code, comps.task, comps.sandbox, split="test", keep_submission=True)
     info: dict[str, Any] = {"origin": origin, "reward_score": reward_score,
-                            "status": res.status, "duration_s": res.duration_s}
-    try:
-        if res.submission_exists:
-            shutil.copy(res.submission_path, out_dir / "submission.csv")
-            info["test"] = grade(comps.task, out_dir / "submission.csv", "test").to_dict()
-    finally:
-        if hasattr(res, "cleanup"):
-            res.cleanup()
+                            "status": run.reward.exec_status, "duration_s": run.duration_s,
+                            "reward": run.reward.to_dict()}
+    if run.grade is not None:
+        info["test"] = run.grade.to_dict()
+    if run.submission is not None:  # the bytes that were graded, read without following links
+        (out_dir / "submission.csv").write_bytes(run.submission)
     (out_dir / "result.json").write_text(json.dumps(info, indent=1, default=str))
     return info
 

@@ -16,8 +16,6 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,43 +28,37 @@ def _print(obj: Any) -> None:
     print(json.dumps(obj, indent=1, default=str))
 
 
-# --- run: code transforms before, extra fields after (e.g. instrumentation) -----------------
-
-@dataclass
-class RunHooks:
-    """Extension points of `run_program`.
-
-    before: (code, task) -> (code to execute, extra JSON fields).
-    after: (exec_result, grade_report, task) -> extra JSON fields.
-    """
-
-    before: list[Callable[[str, Task], tuple[str, dict]]] = field(default_factory=list)
-    after: list[Callable[[Any, Any, Task], dict]] = field(default_factory=list)
-
+# --- run: the one run-and-grade step (env/execute.py) ----------------------------------------
 
 def run_program(task: Task, code: str, split: str = "reward", timeout_s: float | None = None,
-                sandbox: Any = None, hooks: RunHooks | None = None) -> dict:
-    """Execute `code` in the sandbox on `split`, grade its submission; JSON-ready dict."""
-    hooks = hooks or RunHooks()
-    out: dict[str, Any] = {"task": task.id, "split": split}
-    for fn in hooks.before:
-        code, extra = fn(code, task)
-        out.update(extra)
+                sandbox: Any = None, instrument: str = "none") -> dict:
+    """Execute `code` in the sandbox on `split`, grade it, score it; a JSON-ready dict.
+
+    instrument: "none" runs the program as given; "static" adds milestone markers. Either way
+    the reward record (with the witness's evidence) is reported.
+    """
+    from rl4mle_jax.env.execute import run_and_grade
+
+    if instrument not in ("none", "static"):
+        raise ValueError(f"--instrument must be 'none' or 'static', got {instrument!r}")
     if sandbox is None:
         from rl4mle_jax.env.sandbox import Sandbox
 
         sandbox = Sandbox()
-    res = sandbox.run(code, task.input_dir(split), timeout_s=timeout_s or task.timeout_s)
-    try:
-        report = grade(task, res.submission_path, split=split)
-        out["exec"] = res.to_dict() if hasattr(res, "to_dict") else dict(vars(res))
-        out["grade"] = report.to_dict()
-        for fn in hooks.after:
-            out.update(fn(res, report, task))
-    finally:
-        if hasattr(res, "cleanup"):
-            res.cleanup()
+    instrumenter = None if instrument == "static" else _no_markers
+    run = run_and_grade(code, task, sandbox, split=split, instrumenter=instrumenter,
+                        timeout_s=timeout_s or task.timeout_s)
+    out = {"task": task.id, "split": split, **run.to_dict()}
+    if out["grade"] is None:  # nothing at the submission path: the grader's own words
+        out["grade"] = grade(task, "/nonexistent/submission.csv", split=split).to_dict()
+        out["grade"]["submission_path"] = "submission/submission.csv"
     return out
+
+
+def _no_markers(code: str) -> Any:
+    from rl4mle_jax.env.instrument import InstrumentedProgram, new_placeholder
+
+    return InstrumentedProgram(code, code, new_placeholder(code), (), "none")
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -120,20 +112,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="reward", choices=["reward", "test"])
     p.add_argument("--timeout", type=float, default=None, help="seconds (default: the task's)")
     p.add_argument("--backend", default="bwrap", choices=["bwrap", "subprocess", "docker"])
-    # -- instrumentation helper: milestone markers + the reward record (env/reward.py) --
     p.add_argument("--instrument", default="none", choices=["none", "static"],
-                   help="insert milestone markers (static analysis) and print the reward record")
-
-
-def run_hooks_from_args(args: argparse.Namespace) -> RunHooks:
-    """Hooks selected by command-line options (instrumentation adds its options here)."""
-    # -- instrumentation helper --
-    if getattr(args, "instrument", "none") == "static":
-        from rl4mle_jax.env.reward import cli_run_hooks
-
-        before, after = cli_run_hooks("static", timeout_s=args.timeout)
-        return RunHooks(before=[before], after=[after])
-    return RunHooks()
+                   help="insert milestone markers (static analysis); the reward record is "
+                        "printed either way")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -142,7 +123,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     task = load_task(args.task, data_root=args.data_root)
     sandbox = Sandbox(backend=args.backend)
     out = run_program(task, args.script.read_text(), split=args.split, timeout_s=args.timeout,
-                      sandbox=sandbox, hooks=run_hooks_from_args(args))
+                      sandbox=sandbox, instrument=args.instrument)
     _print(out)
     return 0 if out["grade"]["valid"] else 1
 

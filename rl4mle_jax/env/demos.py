@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import random
-import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -405,22 +404,9 @@ def generate_programs(task, profile: DataProfile | None = None, n: int = 16, see
 
 def default_sandbox(timeout_s: float = 300.0):
     """The bwrap sandbox when it works here, else the (weaker) subprocess backend."""
-    from rl4mle_jax.env.sandbox import Sandbox
+    from rl4mle_jax.env.execute import default_sandbox as make
 
-    box = None
-    try:
-        box = Sandbox(backend="bwrap", timeout_s=timeout_s, cpus=1)
-        with tempfile.TemporaryDirectory() as empty:
-            os.chmod(empty, 0o755)  # the sandbox runs as an unprivileged uid
-            probe = box.run("print('ok')", input_dir=empty, timeout_s=30)
-            probe.cleanup()
-        if probe.status == "ok":
-            return box
-    except Exception:  # noqa: BLE001 - any bwrap failure means: use the fallback
-        pass
-    if box is not None:
-        box.close()
-    return Sandbox(backend="subprocess", timeout_s=timeout_s, cpus=1)
+    return make(timeout_s, cpus=1)
 
 
 def run_program(task, program: DemoProgram, sandbox, split: str = "reward",

@@ -1,14 +1,22 @@
 """The paper's reward: failure −10 + 0.1 per milestone; no training −10; valid → grader score.
 
 `compute_reward` is a pure function of what happened (parsed action, instrumented program,
-sandbox result, grade report, nonce). `evaluate_program` / `evaluate_response` run the whole
-episode tail (instrument → execute → grade → reward) on the host.
+sandbox result with the witness's evidence, grade report, nonce). Running a program and grading
+it happens in one place, `env.execute.run_and_grade`; `evaluate_program` / `evaluate_response`
+are its reward-only shorthands.
+
+Milestones (partial credit) rest on evidence, not on text. With the witness (the launcher's
+audit and profile hooks, sandbox/witness.py) a milestone counts when its marker was printed with
+this run's nonce *and* the witness saw the event itself (an input file opened, a library fit
+call, ...). Evidence that fails authentication, or a run in which the witness refused an escape
+attempt, earns no milestone credit and no training credit. Without a witness (a backend that
+has none) the printed markers are checked as in the paper, with the textual introspection test.
 
 Outcome rules, in order:
   1. no runnable code (no block, empty, syntax error)         → failure, no credit
   2. a submission file exists but no model was trained        → no_model_training (−10)
-     (statically: no fit-like call in the code; dynamically: the model_trained marker was placed
-     but not printed, when markers are trusted and the output was not cut)
+     (witness: no library training call was observed; without witness: no fit-like call in the
+     code, or the model_trained marker was placed but not printed)
   3. timeout / oom / killed                                    → failure + milestone credit
   4. status ok or error with a submission that grades valid   → grader score (normalised)
   5. otherwise (no file, invalid file)                         → failure + milestone credit
@@ -16,17 +24,16 @@ Outcome rules, in order:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rl4mle_jax.env.actions import Action, extract_action
+from rl4mle_jax.env.actions import Action
 from rl4mle_jax.env.instrument import (
     InstrumentedProgram,
-    instrument_static,
-    new_nonce,
     scan_markers,
     strip_markers,
     suspects_introspection,
@@ -34,6 +41,10 @@ from rl4mle_jax.env.instrument import (
 from rl4mle_jax.env.instrument_static import MILESTONES
 
 NORMALISATIONS = ("raw", "flipped", "rescaled")
+# Where milestone credit comes from: "witness" (a printed marker with the nonce that the
+# witness corroborates; markers alone when no witness ran), "markers" (the paper's rule: printed
+# markers with the nonce, no corroboration; forgeable, kept for reproducing the paper).
+MILESTONE_EVIDENCE = ("witness", "markers")
 
 
 @dataclass(frozen=True)
@@ -50,8 +61,12 @@ class RewardConfig:
     require_training: bool = True
     dynamic_training_check: bool = True
     grade_on_error: bool = True  # grade a submission written before a crash
+    milestone_evidence: str = "witness"  # see MILESTONE_EVIDENCE
 
     def __post_init__(self):
+        if self.milestone_evidence not in MILESTONE_EVIDENCE:
+            raise ValueError(f"milestone_evidence must be one of {MILESTONE_EVIDENCE}, "
+                             f"got {self.milestone_evidence!r}")
         if self.normalisation not in NORMALISATIONS:
             raise ValueError(f"normalisation must be one of {NORMALISATIONS}, "
                              f"got {self.normalisation!r}")
@@ -87,6 +102,11 @@ class RewardRecord:
     stdout_truncated: bool = False
     static_training: bool | None = None
     instrumentation: dict = field(default_factory=dict)
+    # "witness" (markers corroborated by the witness), "markers" (printed markers only),
+    # "untrusted" (the witness's evidence failed authentication or it refused an escape)
+    evidence_source: str = "markers"
+    witnessed: list[str] = field(default_factory=list)  # milestones the witness observed
+    witness_refused: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,7 +116,8 @@ class RewardRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RewardRecord:
-        return cls(**d)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 # ---------------------------------------------------------------- helpers
@@ -170,6 +191,37 @@ def _grade_dict(report: Any) -> dict | None:
     return asdict(report)
 
 
+def witness_view(evidence: Any) -> dict | None:
+    """The witness's report reduced to what the rules use, or None when no witness ran.
+
+    trusted: every evidence line authenticated and no escape attempt was refused. A witness
+    that failed to start (`error`) is treated as absent: the program cannot cause that.
+    """
+    if not isinstance(evidence, dict) or evidence.get("error"):
+        return None
+    refused = [str(r)[:120] for r in (evidence.get("refused") or [])][:16]
+    ms = [m for m in (evidence.get("milestones") or []) if m in MILESTONES]
+    return {"trusted": evidence.get("verified") is True and not refused, "milestones": ms,
+            "refused": refused}
+
+
+def _untrained(source: str, witness: dict | None, program: InstrumentedProgram,
+               scan: Any, trusted: bool, rec: RewardRecord, cfg: RewardConfig) -> str | None:
+    """Why a run with a submission counts as "no model training", or None if it trained."""
+    if source == "witness":
+        return None if "model_trained" in witness["milestones"] else "no_model_training"
+    if source == "untrusted":
+        return "witness_untrusted"
+    # No witness: a fit-like call in the code, and its marker printed when markers are trusted.
+    if not program.static_training:
+        return "no_model_training"
+    dynamic_untrained = (cfg.dynamic_training_check and trusted and scan is not None
+                         and "model_trained" in program.milestones
+                         and "model_trained" not in scan.milestones
+                         and not rec.stdout_truncated)
+    return "model_training_not_reached" if dynamic_untrained else None
+
+
 # ---------------------------------------------------------------- the reward
 def compute_reward(action: Action | None, program: InstrumentedProgram | None, exec_result: Any,
                    grade_report: Any, nonce: str | None, cfg: RewardConfig = RewardConfig(),
@@ -188,8 +240,17 @@ def compute_reward(action: Action | None, program: InstrumentedProgram | None, e
     placed = set(program.milestones) if program is not None else set()
     # A correct nonce on a milestone that has no marker in the program proves a copied nonce.
     copied = scan is not None and any(m not in placed for m in scan.milestones)
-    trusted = not suspects_introspection(code) and not copied
-    reached = [m for m in (scan.milestones if scan and trusted else ()) if m in cfg.milestones]
+    witness = witness_view(_get(exec_result, "evidence"))
+    printed = scan.milestones if scan is not None else ()
+    if cfg.milestone_evidence == "witness" and witness is not None:
+        source = "witness" if witness["trusted"] else "untrusted"
+        trusted = witness["trusted"] and not copied
+        reached = [m for m in printed if trusted and m in witness["milestones"]
+                   and m in cfg.milestones]
+    else:  # the paper's rule: printed markers, guarded by the textual introspection test
+        source = "markers"
+        trusted = not suspects_introspection(code) and not copied
+        reached = [m for m in printed if trusted and m in cfg.milestones]
     rec = RewardRecord(
         reward=cfg.failure_reward, status="failure", milestones=reached,
         normalisation=cfg.normalisation, exec_status=_get(exec_result, "status"),
@@ -203,21 +264,19 @@ def compute_reward(action: Action | None, program: InstrumentedProgram | None, e
         instrumentation=({**program.verification, "method": program.method,
                           "milestones_placed": list(program.milestones)}
                          if program is not None else {}),
-        grade=_grade_dict(grade_report))
+        grade=_grade_dict(grade_report), evidence_source=source,
+        witnessed=list(witness["milestones"]) if witness else [],
+        witness_refused=list(witness["refused"]) if witness else [])
     rec.milestone_credit = round(cfg.milestone_reward * len(reached), 10)
     status = rec.exec_status
     if status in ("error", "oom", "killed") or (status == "ok" and not rec.submission_exists):
         rec.error = parse_error(_get(exec_result, "stderr", "") or "", program)
 
     if rec.submission_exists and cfg.require_training and program is not None:
-        dynamic_untrained = (cfg.dynamic_training_check and trusted and scan is not None
-                             and "model_trained" in program.milestones
-                             and "model_trained" not in scan.milestones
-                             and not rec.stdout_truncated)
-        if not program.static_training or dynamic_untrained:
+        untrained = _untrained(source, witness, program, scan, trusted, rec, cfg)
+        if untrained is not None:
             rec.status, rec.reward = "no_model_training", cfg.no_training_reward
-            rec.failure_reason = ("no_model_training" if not program.static_training
-                                  else "model_training_not_reached")
+            rec.failure_reason = untrained
             return rec
 
     def failure(reason: str) -> RewardRecord:
@@ -248,57 +307,22 @@ def compute_reward(action: Action | None, program: InstrumentedProgram | None, e
     return rec
 
 
-# ---------------------------------------------------------------- episode tail
+# ---------------------------------------------------------------- shorthands
 def evaluate_program(code: str, task: Any, sandbox: Any, *, split: str = "reward",
                      instrumenter: Any = None, cfg: RewardConfig = RewardConfig(),
-                     timeout_s: float | None = None, action: Action | None = None,
-                     keep_workdir: bool = False) -> RewardRecord:
-    """Instrument `code`, run it with a fresh nonce, grade the submission, compute the reward."""
-    from rl4mle_jax.env.grading import grade
+                     timeout_s: float | None = None, action: Action | None = None
+                     ) -> RewardRecord:
+    """The reward record of `execute.run_and_grade` (instrument, run, grade, reward)."""
+    from rl4mle_jax.env.execute import run_and_grade
 
-    program = instrumenter(code) if instrumenter is not None else instrument_static(code)
-    nonce = new_nonce()
-    timeout = timeout_s if timeout_s is not None else getattr(task, "timeout_s", None)
-    res = sandbox.run(program.render(nonce), task.input_dir(split), timeout_s=timeout)
-    try:
-        report = grade(task, res.submission_path, split) if res.submission_exists else None
-    finally:
-        if not keep_workdir and hasattr(res, "cleanup"):
-            res.cleanup()
-    return compute_reward(action, program, res, report, nonce, cfg, timeout)
+    return run_and_grade(code, task, sandbox, split=split, instrumenter=instrumenter, cfg=cfg,
+                         timeout_s=timeout_s, action=action).reward
 
 
 def evaluate_response(response: str, task: Any, sandbox: Any, **kw: Any
                       ) -> tuple[Action, RewardRecord]:
     """`evaluate_program` on the code extracted from a model response (failures short-circuit)."""
-    action = extract_action(response)
-    cfg = kw.get("cfg", RewardConfig())
-    if not action.ok:
-        return action, compute_reward(action, None, None, None, None, cfg)
-    return action, evaluate_program(action.code, task, sandbox, action=action, **kw)
+    from rl4mle_jax.env.execute import run_response
 
-
-def cli_run_hooks(mode: str = "static", cfg: RewardConfig = RewardConfig(),
-                  timeout_s: float | None = None) -> tuple[Any, Any]:
-    """(before, after) hooks for `python -m rl4mle_jax.env run --instrument static`.
-
-    before(code, task) -> (instrumented source, {"instrumentation": ...});
-    after(exec_result, grade_report, task) -> {"reward": RewardRecord dict}.
-    """
-    if mode != "static":
-        raise ValueError(f"the command line supports --instrument static, got {mode!r}")
-    state: dict[str, Any] = {}
-
-    def before(code: str, task: Any) -> tuple[str, dict]:
-        state["program"], state["nonce"] = instrument_static(code), new_nonce()
-        p = state["program"]
-        return p.render(state["nonce"]), {"instrumentation": {
-            "method": p.method, "milestones_placed": list(p.milestones),
-            "static_training": p.static_training}}
-
-    def after(exec_result: Any, report: Any, task: Any) -> dict:
-        rec = compute_reward(None, state["program"], exec_result, report, state["nonce"], cfg,
-                             timeout_s or getattr(task, "timeout_s", None))
-        return {"reward": rec.to_dict()}
-
-    return before, after
+    action, run = run_response(response, task, sandbox, **kw)
+    return action, run.reward

@@ -1,8 +1,8 @@
 """One episode: prompt → sample → extract → instrument (+verify) → execute → grade → reward.
 
 Host-side asyncio. The two model calls go through generation services (the policy for the
-action, the frozen copy for LM instrumentation); everything that blocks (sandbox, grader) runs
-off the event loop, so K episodes overlap.
+action, the frozen copy for LM instrumentation); execute → grade → reward is the environment's
+one run-and-grade step (`env.execute.arun_and_grade`), off the event loop, so K episodes overlap.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ import random
 import time
 from typing import Any
 
+from rl4mle_jax.env import execute
 from rl4mle_jax.env import prompts as prompts_lib
 from rl4mle_jax.env.actions import extract_action
-from rl4mle_jax.env.grading import grade
-from rl4mle_jax.env.instrument import new_nonce
 from rl4mle_jax.env.instrument_lm import Instrumenter
-from rl4mle_jax.env.reward import RewardConfig, compute_reward
+from rl4mle_jax.env.reward import RewardConfig
 from rl4mle_jax.rollout.buffer import SolutionBuffer
 from rl4mle_jax.rollout.service import GenerationService
 
@@ -114,29 +113,17 @@ class EpisodeRunner:
 
         busy = 0.0
         if not action.ok:
-            record = compute_reward(action, None, None, None, None, self.reward_cfg)
+            record = execute.no_run_record(action, self.cfg.split, self.reward_cfg).reward
         else:
             t = time.perf_counter()
             program = await self._instrument(action.code)
             timings["instrument_s"] = time.perf_counter() - t
-            nonce = new_nonce()
-            t = time.perf_counter()
-            result = await self.sandbox.arun(program.render(nonce),
-                                             self.task.input_dir(self.cfg.split),
-                                             timeout_s=self.cfg.timeout_s)
-            timings["execute_s"] = time.perf_counter() - t
-            busy = float(result.duration_s)
-            t = time.perf_counter()
-            try:
-                report = (await asyncio.to_thread(grade, self.task, result.submission_path,
-                                                  self.cfg.split)
-                          if result.submission_exists else None)
-                record = compute_reward(action, program, result, report, nonce,
-                                        self.reward_cfg, self.cfg.timeout_s)
-            finally:
-                if hasattr(result, "cleanup"):
-                    result.cleanup()
-            timings["grade_s"] = time.perf_counter() - t
+            run = await execute.arun_and_grade(action.code, self.task, self.sandbox,
+                                               split=self.cfg.split, program=program,
+                                               cfg=self.reward_cfg,
+                                               timeout_s=self.cfg.timeout_s, action=action)
+            timings.update(execute_s=run.timings["execute_s"], grade_s=run.timings["grade_s"])
+            busy, record = run.duration_s, run.reward
 
         rec = record.to_dict()
         parent = request.get("parent")
@@ -151,7 +138,7 @@ class EpisodeRunner:
     async def _instrument(self, code: str) -> Any:
         """LM instrumentation by the frozen copy (verified; static fallback) or static/none."""
         if self.instrumenter.mode != "lm":
-            return self.instrumenter(code)
+            return execute.instrument(code, self.instrumenter)
         if self.frozen is None:
             raise ValueError("instrumentation mode 'lm' needs the frozen-copy generation service")
         prompt_ids = self.tokenizer.encode(self.instrumenter.prompt(code))
@@ -163,4 +150,4 @@ class EpisodeRunner:
             return self.instrumenter.reject(
                 code, "timeout", f"no answer within {self.cfg.instrument_timeout_s:.0f} s")
         response = self.tokenizer.decode(gen.response_ids, skip_special_tokens=True)
-        return self.instrumenter.from_lm_response(code, response)
+        return execute.instrument(code, lambda c: self.instrumenter.from_lm_response(c, response))

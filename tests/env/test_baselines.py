@@ -4,12 +4,7 @@ import shutil
 
 import pytest
 
-from rl4mle_jax.env.baselines import (
-    available,
-    baseline_path,
-    measure_reference,
-    run_program_subprocess,
-)
+from rl4mle_jax.env.baselines import available, baseline_path, measure_reference, run_baseline
 from rl4mle_jax.env.datasets import REGISTRY
 from rl4mle_jax.env.grading import grade
 from rl4mle_jax.env.tasks import list_tasks, load_task, prepare_task
@@ -25,20 +20,9 @@ def data_root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sandbox():
-    """The project's sandbox when it is importable, else None (plain subprocess runner)."""
-    try:
-        from rl4mle_jax.env.sandbox import Sandbox
-    except ImportError:
-        return None
+    from rl4mle_jax.env.sandbox import Sandbox
+
     return Sandbox(backend="bwrap" if shutil.which("bwrap") else "subprocess", timeout_s=180)
-
-
-def _run(sandbox, code, input_dir, tmp_path):
-    if sandbox is None:
-        r = run_program_subprocess(code, input_dir, timeout_s=180, workdir=tmp_path / "wd")
-        return r["status"], r["submission_path"], r["stderr"]
-    r = sandbox.run(code, input_dir)
-    return r.status, r.submission_path, r.stderr
 
 
 def _better(direction, a, b):
@@ -48,11 +32,11 @@ def _better(direction, a, b):
 @pytest.mark.parametrize("tid", sorted(REGISTRY))
 def test_baseline_reproduces_reference(data_root, sandbox, tid, tmp_path):
     task = load_task(data_root / tid)
-    code = baseline_path(tid).read_text()
-    status, sub, stderr = _run(sandbox, code, task.input_dir("reward"), tmp_path)
-    assert status == "ok", stderr[-2000:]
-    rep = grade(task, sub, split="reward")
+    run = run_baseline(task, "baseline", "reward", timeout_s=180, sandbox=sandbox)
+    assert run.reward.exec_status == "ok", run.exec["stderr"][-2000:]
+    rep = run.grade
     assert rep.valid, rep
+    assert baseline_path(tid).exists()
     ref = task.reference_scores["reward"]["baseline"]
     assert rep.score == pytest.approx(ref, rel=0.02, abs=0.005), (rep.score, ref)
     trivial = grade(task, task.sample_submission_path("reward"), split="reward")

@@ -2,12 +2,12 @@
 
 import shutil
 import textwrap
-from pathlib import Path
 
 import pytest
 
+from rl4mle_jax.env.execute import run_response
 from rl4mle_jax.env.instrument_lm import Instrumenter
-from rl4mle_jax.env.reward import evaluate_program, evaluate_response
+from rl4mle_jax.env.reward import evaluate_program
 from rl4mle_jax.env.sandbox import Sandbox
 from rl4mle_jax.env.tasks import prepare_task
 
@@ -112,11 +112,9 @@ def honest(task, sandbox):
     res.cleanup()
     out = {"plain": plain}
     for name, inst in (("static", None), ("lm", Instrumenter("lm", generate=_faithful_lm))):
-        _, rec = evaluate_response(f"Logistic regression.\n```python\n{HONEST}```", task,
-                                   sandbox, instrumenter=inst, keep_workdir=True)
-        sub = Path(rec.grade["submission_path"])
-        out[name] = (rec, sub.read_bytes())
-        shutil.rmtree(sub.parent.parent)
+        _, run = run_response(f"Logistic regression.\n```python\n{HONEST}```", task,
+                              sandbox, instrumenter=inst, keep_submission=True)
+        out[name] = (run.reward, run.submission)
     return out
 
 

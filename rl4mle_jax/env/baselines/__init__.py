@@ -1,4 +1,4 @@
-"""Baseline solution programs for the local tasks, and a plain-subprocess runner for them.
+"""Baseline solution programs for the local tasks, run like an agent's (sandbox, grader).
 
 Each ``<task_id with _>_<kind>.py`` is a script an agent could have written: it reads
 ``./input/*.csv`` and writes ``./submission/submission.csv``. "baseline" is simple; "strong"
@@ -7,12 +7,6 @@ Each ``<task_id with _>_<kind>.py`` is a script an agent could have written: it 
 
 from __future__ import annotations
 
-import os
-import resource
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 BASELINE_DIR = Path(__file__).resolve().parent
@@ -28,63 +22,36 @@ def available(task_id: str) -> list[str]:
     return [k for k in KINDS if baseline_path(task_id, k).exists()]
 
 
-def run_program_subprocess(code: str, input_dir: Path, timeout_s: float = 300.0,
-                           workdir: Path | None = None) -> dict:
-    """Run `code` in a fresh workdir (./input -> input_dir, ./submission/) with one thread.
-
-    Not a sandbox (no isolation): for trusted baseline programs only.
-    """
-    own = workdir is None
-    wd = Path(tempfile.mkdtemp(prefix="rl4mle-run-")) if own else Path(workdir)
-    (wd / "submission").mkdir(parents=True, exist_ok=True)
-    if not (wd / "input").exists():
-        (wd / "input").symlink_to(Path(input_dir).resolve(), target_is_directory=True)
-    (wd / "main.py").write_text(code)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "OPENBLAS_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-    t0 = time.monotonic()
-    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    try:
-        proc = subprocess.run([sys.executable, "main.py"], cwd=wd, env=env, capture_output=True,
-                              text=True, timeout=timeout_s)
-        status, rc, out, err = ("ok" if proc.returncode == 0 else "error"), proc.returncode, \
-            proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as e:
-        status, rc, out, err = "timeout", None, str(e.stdout or ""), str(e.stderr or "")
-    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-    sub = wd / "submission" / "submission.csv"
-    return dict(status=status, exit_code=rc, duration_s=time.monotonic() - t0,
-                cpu_s=cpu,  # children's CPU time: meaningful when runs are not concurrent
-                stdout=out[-4000:],
-                stderr=err[-4000:], submission_path=str(sub), submission_exists=sub.exists(),
-                workdir=str(wd))
-
-
 def run_baseline(task, kind: str = "baseline", split: str = "reward",
-                 timeout_s: float | None = None) -> dict:
-    """Run one baseline on `split` and grade it: {"report": GradeReport, "run": {...}}."""
-    from rl4mle_jax.env.grading import grade
+                 timeout_s: float | None = None, sandbox=None):
+    """Run one baseline on `split` through the one run-and-grade step (`env.execute`).
+
+    Returns the RunRecord; its `grade` holds the reference score (the grader's, whether or not
+    the reward rules would call the program trained).
+    """
+    from rl4mle_jax.env.execute import default_sandbox, run_and_grade
 
     code = baseline_path(task.id, kind).read_text()
-    with tempfile.TemporaryDirectory(prefix="rl4mle-baseline-") as wd:
-        run = run_program_subprocess(code, task.input_dir(split), timeout_s or task.timeout_s,
-                                     workdir=Path(wd))
-        report = grade(task, run["submission_path"], split=split)
-    return dict(report=report, run=run)
+    sandbox = sandbox or default_sandbox(timeout_s or task.timeout_s)
+    return run_and_grade(code, task, sandbox, split=split, timeout_s=timeout_s or task.timeout_s)
 
 
-def measure_reference(task, kinds: list[str] | None = None) -> dict:
+def measure_reference(task, kinds: list[str] | None = None, sandbox=None) -> dict:
     """Reference scores of `task` from its baselines on both splits (raises if one fails)."""
+    from rl4mle_jax.env.execute import default_sandbox
+
+    sandbox = sandbox or default_sandbox(task.timeout_s)
     scores: dict = {"reward": {}, "test": {}}
     runtime: dict = {"reward": {}, "test": {}}
     for kind in kinds or available(task.id):
         for split in ("reward", "test"):
-            res = run_baseline(task, kind, split)
-            rep = res["report"]
-            if not rep.valid:
-                raise RuntimeError(f"{task.id} {kind} on {split}: {rep.reason}: {rep.message}\n"
-                                   f"{res['run']['stderr'][-2000:]}")
+            run = run_baseline(task, kind, split, sandbox=sandbox)
+            rep = run.grade
+            if rep is None or not rep.valid:
+                stderr = (run.exec or {}).get("stderr", "")[-2000:]
+                why = f"{rep.reason}: {rep.message}" if rep is not None else \
+                    run.reward.failure_reason
+                raise RuntimeError(f"{task.id} {kind} on {split}: {why}\n{stderr}")
             scores[split][kind] = round(rep.score, 6)
-            runtime[split][kind] = round(res["run"]["duration_s"], 2)
+            runtime[split][kind] = round(run.duration_s, 2)
     return dict(scores=scores, runtime_s=runtime)
