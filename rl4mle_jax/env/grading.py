@@ -8,8 +8,11 @@ row order.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,14 @@ import numpy as np
 import pandas as pd
 
 from rl4mle_jax.env.metrics import Metric, get_metric
+from rl4mle_jax.env.submission import (
+    RUN_SUBMISSION,
+    SubmissionBounds,
+    read_host_file,
+    read_run_submission,
+    submission_bounds,
+    submission_byte_cap,
+)
 from rl4mle_jax.env.tasks import Task
 
 # Named failure reasons (the `reason` field of an invalid report).
@@ -26,7 +37,12 @@ REASONS = (
     "missing_ids", "extra_ids", "duplicate_ids", "nan_values", "inf_values",
     "non_numeric_values", "prob_out_of_range", "prob_rows_not_normalised",
     "negative_values", "non_integer_values", "metric_error",
+    # The submission as hostile input: how it was found on disk, then bounds and encoding.
+    "not_regular_file", "too_large", "invalid_utf8", "too_many_rows", "too_many_columns",
+    "cell_too_long", "ragged_rows", "duplicate_columns", "grader_error",
 )
+MAX_MESSAGE_CHARS = 500
+QUOTE_CHARS = 60
 # Probability rows may be off by formatting (e.g. 4 decimals over 32 classes); larger
 # deviations are an error, smaller ones are renormalised away as Kaggle does.
 ROW_SUM_ATOL = 1e-3
@@ -56,6 +72,10 @@ class GradeReport:
         return json.dumps(self.to_dict(), **kw)
 
 
+class TaskError(ValueError):
+    """The task itself is broken (answers lack columns): the host's fault, so it raises."""
+
+
 class SubmissionError(Exception):
     """Invalid submission, with a named reason."""
 
@@ -66,23 +86,114 @@ class SubmissionError(Exception):
 
 
 def read_csv_text(path: Path) -> pd.DataFrame:
-    """Read a CSV with all cells as Python str (empty cells as "")."""
+    """Read a trusted CSV (the host's answers) with all cells as Python str ("" when empty)."""
     df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[])
     df.columns = [str(c).strip() for c in df.columns]
     return df.astype(object)
 
 
+def _q(value: Any) -> str:
+    """repr of one value, cut to QUOTE_CHARS (messages reach the agent's prompt and logs)."""
+    r = repr(value)
+    return r if len(r) <= QUOTE_CHARS else r[:QUOTE_CHARS - 3] + "..."
+
+
 def _examples(values: Any, k: int = 5) -> str:
     values = list(values)
     more = f" (+{len(values) - k} more)" if len(values) > k else ""
-    return ", ".join(repr(v) for v in values[:k]) + more
+    return ", ".join(_q(v) for v in values[:k]) + more
 
 
-def _keys(ids: pd.Series) -> pd.Series:
-    """Alignment keys: the id, plus its occurrence number when ids repeat in the answers."""
-    ids = ids.map(lambda s: str(s).strip())
-    occ = ids.groupby(ids).cumcount()
-    return ids + "\x00" + occ.astype(str)
+def _cols(columns: Any, k: int = 8) -> str:
+    return "[" + _examples(columns, k) + "]"
+
+
+class _Counter:
+    """Characters of the CSV record being read (reset by the caller after each record)."""
+
+    def __init__(self) -> None:
+        self.chars = 0
+
+
+def _lines(text: io.TextIOBase, b: SubmissionBounds, count: _Counter) -> Iterator[str]:
+    """Physical lines, refusing one record longer than the bounds allow before the csv module
+    ever builds it (a record of millions of short fields would cost GBs)."""
+    while True:
+        line = text.readline(b.max_record_chars + 1)
+        if not line:
+            return
+        count.chars += len(line)
+        if count.chars > b.max_record_chars:
+            if line.count(",") >= b.max_columns:
+                raise SubmissionError("too_many_columns", f"a row has more than "
+                                      f"{b.max_columns} columns")
+            raise SubmissionError("cell_too_long", f"a row is over {b.max_record_chars} "
+                                  f"characters: a cell is longer than {b.max_cell_chars}")
+        yield line
+
+
+def parse_submission(data: bytes, b: SubmissionBounds) -> tuple[list[str], list[list[str]]]:
+    """(stripped header, rows of str cells) of a CSV, stopping at the first bound broken."""
+    if not data.strip():
+        raise SubmissionError("unreadable_csv", "the submission is empty")
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise SubmissionError("unreadable_csv", f"not a text CSV: NUL byte at offset {nul}")
+    count = _Counter()
+    text = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", errors="strict",
+                            newline="")
+    reader = csv.reader(_lines(text, b, count), strict=True)
+    header: list[str] | None = None
+    rows: list[list[str]] = []
+    try:
+        for rec in reader:
+            count.chars = 0
+            if not rec:  # blank line (pandas skips them too)
+                continue
+            if len(rec) > b.max_columns:
+                raise SubmissionError("too_many_columns", f"line {reader.line_num} has "
+                                      f"{len(rec)} columns; at most {b.max_columns} expected")
+            if max(map(len, rec)) > b.max_cell_chars:
+                raise SubmissionError("cell_too_long", f"line {reader.line_num} has a cell "
+                                      f"longer than {b.max_cell_chars} characters")
+            if header is None:
+                header = [c.strip() for c in rec]
+                dup = sorted({c for c in header if header.count(c) > 1})
+                if dup:
+                    raise SubmissionError("duplicate_columns", f"columns appear more than "
+                                          f"once (after stripping spaces): {_cols(dup)}")
+                continue
+            if len(rows) >= b.max_rows:
+                raise SubmissionError("too_many_rows", f"more than {b.max_rows} rows; the "
+                                      f"test set has {b.expected_rows}")
+            if len(rec) != len(header):
+                raise SubmissionError("ragged_rows", f"line {reader.line_num} has {len(rec)} "
+                                      f"fields, the header has {len(header)}")
+            rows.append(rec)
+    except UnicodeDecodeError:
+        raise SubmissionError("invalid_utf8", f"not valid UTF-8 text (near line "
+                              f"{reader.line_num + 1})") from None
+    except csv.Error as e:
+        if "field larger" in str(e):
+            raise SubmissionError("cell_too_long", f"a cell is longer than "
+                                  f"{b.max_cell_chars} characters") from None
+        raise SubmissionError("unreadable_csv", f"cannot parse as CSV near line "
+                              f"{reader.line_num}: {str(e)[:120]}") from None
+    if header is None:
+        raise SubmissionError("unreadable_csv", "the submission has no header line")
+    return header, rows
+
+
+def _keys(ids: list[str]) -> list[tuple[str, int]]:
+    """Alignment keys: (stripped id, occurrence number); tuples, so no id can collide."""
+    seen: dict[str, int] = {}
+    out = []
+    for s in ids:
+        s = str(s).strip()
+        k = seen.get(s, 0)
+        seen[s] = k + 1
+        out.append((s, k))
+    return out
 
 
 def _parse_floats(values: np.ndarray, column: str) -> np.ndarray:
@@ -182,15 +293,17 @@ def _read_answers(path: Path) -> pd.DataFrame:
 
 
 def _align(task: Task, sub: pd.DataFrame, ans: pd.DataFrame) -> np.ndarray:
-    """Index into `sub` for each answers row; raises on id problems."""
+    """Index into `sub` for each answers row; raises on id problems.
+
+    Examples quote the submission's ids and the test ids, which the agent has (test.csv).
+    """
     idc = task.id_column
-    ans_keys, sub_keys = _keys(ans[idc]), _keys(sub[idc])
-    ans_unique = not ans[idc].duplicated().any()
+    ans_keys, sub_keys = _keys(ans[idc].tolist()), _keys(sub[idc].tolist())
+    ans_unique = all(k == 0 for _, k in ans_keys)
     ans_set, sub_set = set(ans_keys), set(sub_keys)
-    missing = [k.split("\x00")[0] for k in ans_keys if k not in sub_set]
-    extra = [k.split("\x00")[0] for k in sub_keys if k not in ans_set]
-    dup = sub[idc].map(lambda s: str(s).strip())
-    dup = sorted(set(dup[dup.duplicated()])) if ans_unique else []
+    missing = [i for i, k in ans_keys if (i, k) not in sub_set]
+    extra = [i for i, k in sub_keys if (i, k) not in ans_set]
+    dup = sorted({i for i, k in sub_keys if k > 0}) if ans_unique else []
     n_sub, n_ans = len(sub), len(ans)
     if dup:
         raise SubmissionError("duplicate_ids", f"ids appear more than once: {_examples(dup)}"
@@ -208,40 +321,41 @@ def _align(task: Task, sub: pd.DataFrame, ans: pd.DataFrame) -> np.ndarray:
     if n_sub != n_ans or missing or extra:
         raise SubmissionError("wrong_row_count", f"expected {n_ans} rows (one per test id), got "
                               f"{n_sub}; {len(missing)} test ids missing, {len(extra)} unknown")
-    pos = pd.Series(np.arange(n_sub), index=sub_keys.to_numpy())
-    return pos.loc[ans_keys.to_numpy()].to_numpy()
+    pos = {k: i for i, k in enumerate(sub_keys)}
+    return np.array([pos[k] for k in ans_keys], dtype=np.int64)
 
 
-def _score(task: Task, split: str, path: Path) -> tuple[float, int]:
-    metric = get_metric(task.metric)
-    if not path.exists():
-        raise SubmissionError("no_file", f"no submission file at {path}")
-    if path.is_dir() or path.stat().st_size == 0:
-        raise SubmissionError("unreadable_csv", f"{path.name} is empty or not a file")
-    try:
-        sub = read_csv_text(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
-        raise SubmissionError("unreadable_csv", f"cannot parse {path.name} as CSV: "
-                              f"{type(e).__name__}: {str(e)[:300]}") from None
-    expected = _expected_columns(task, split)
-    missing_cols = [c for c in expected if c not in sub.columns]
-    if missing_cols:
-        raise SubmissionError("missing_columns", f"missing columns {missing_cols}; expected "
-                              f"{expected}, got {list(sub.columns)}")
-    extra_cols = [c for c in sub.columns if c not in expected]
-    if extra_cols:
-        raise SubmissionError("extra_columns", f"unexpected columns {extra_cols}; expected "
-                              f"{expected}")
+def _answers(task: Task, split: str) -> pd.DataFrame:
+    """The split's answers; a broken task raises TaskError (the host's fault, not the run's)."""
     ans = _read_answers(task.answers_path(split))
     lacking = [c for c in [task.id_column, *task.target_columns] if c not in ans.columns]
-    if lacking:  # a broken task, not a broken submission: fail loudly
-        raise ValueError(f"answers file {task.answers_path(split)} lacks columns {lacking}")
+    if lacking:
+        raise TaskError(f"answers file {task.answers_path(split)} lacks columns {lacking}")
+    metric = get_metric(task.metric)
+    if not metric.multi_column and len(task.target_columns) != 1:
+        raise TaskError(f"metric {metric.name} scores one column, task has "
+                        f"{task.target_columns}")
+    return ans
+
+
+def _score(task: Task, split: str, data: bytes, ans: pd.DataFrame) -> tuple[float, int]:
+    metric = get_metric(task.metric)
+    header, rows = parse_submission(data, submission_bounds(task, split))
+    expected = _expected_columns(task, split)
+    missing_cols = [c for c in expected if c not in header]
+    if missing_cols:
+        raise SubmissionError("missing_columns", f"missing columns {_cols(missing_cols)}; "
+                              f"expected {_cols(expected)}, got {_cols(header)}")
+    extra_cols = [c for c in header if c not in expected]
+    if extra_cols:
+        raise SubmissionError("extra_columns", f"unexpected columns {_cols(extra_cols)}; "
+                              f"expected {_cols(expected)}")
+    sub = pd.DataFrame(rows, columns=header, dtype=object) if rows else \
+        pd.DataFrame({c: pd.Series([], dtype=object) for c in header})
     idx = _align(task, sub, ans)
     sub = sub.iloc[idx].reset_index(drop=True)
     ids = ans[task.id_column].tolist()
     cols = list(task.target_columns)
-    if not metric.multi_column and len(cols) != 1:
-        raise ValueError(f"metric {metric.name} scores one column, task has {cols}")
     if metric.kind == "text":
         y_true = ans[cols[0]].to_numpy().astype(str)
         y_pred = sub[cols[0]].map(lambda s: "" if str(s).lower() in ("nan",) else str(s))
@@ -263,22 +377,61 @@ def _score(task: Task, split: str, path: Path) -> tuple[float, int]:
     try:
         score = float(metric.fn(y_true, y_pred))
     except Exception as e:  # noqa: BLE001 - any metric failure is reported, never swallowed
-        raise SubmissionError("metric_error", f"{metric.name} failed: {type(e).__name__}: {e}") \
-            from None
+        raise SubmissionError("metric_error", f"{metric.name} failed: {type(e).__name__}: "
+                              f"{str(e)[:200]}") from None
     if not math.isfinite(score):
         raise SubmissionError("metric_error", f"{metric.name} gave a non-finite score {score}")
     return score, len(ans)
 
 
-def grade(task: Task, submission_path: str | Path, split: str = "reward") -> GradeReport:
-    """Grade `submission_path` against the answers of `split` ("reward" or "test")."""
-    path = Path(submission_path)
-    base = dict(task_id=task.id, split=split, metric=task.metric, direction=task.direction,
+def _base(task: Task, split: str, source: str) -> dict[str, Any]:
+    return dict(task_id=task.id, split=split, metric=task.metric, direction=task.direction,
                 reference_scores=dict(task.reference_scores.get(split, {})),
-                submission_path=str(path))
+                submission_path=source)
+
+
+def _invalid(task: Task, split: str, source: str, reason: str, message: str) -> GradeReport:
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS - 3] + "..."
+    return GradeReport(valid=False, reason=reason, message=message, **_base(task, split, source))
+
+
+def grade_bytes(task: Task, data: bytes, split: str = "reward",
+                source: str = "submission.csv") -> GradeReport:
+    """Grade the bytes of a submission; total for any bytes (only a broken task raises)."""
+    ans = _answers(task, split)
+    submission_bounds(task, split)  # a broken answers file raises here, outside the net
     try:
-        score, n = _score(task, split, path)
+        score, n = _score(task, split, bytes(data), ans)
     except SubmissionError as e:
-        return GradeReport(valid=False, reason=e.reason, message=e.message, **base)
+        return _invalid(task, split, source, e.reason, e.message)
+    except TaskError:
+        raise
+    except Exception as e:  # noqa: BLE001 - hostile bytes must never crash the host
+        return _invalid(task, split, source, "grader_error",
+                        f"the grader failed on this submission ({type(e).__name__})")
     return GradeReport(valid=True, score=score, n_rows=n,
-                       message=f"{task.metric} = {score:.6g} on {n} rows", **base)
+                       message=f"{task.metric} = {score:.6g} on {n} rows",
+                       **_base(task, split, source))
+
+
+def grade(task: Task, submission_path: str | Path, split: str = "reward") -> GradeReport:
+    """Grade a user's own CSV file (the CLI's `grade --submission`) against `split`.
+
+    Links are followed (the file is the user's, on the host); a run's submission must go
+    through `grade_run`, which follows none.
+    """
+    path = Path(submission_path)
+    got = read_host_file(path, submission_byte_cap(task, split))
+    if got.data is None:
+        return _invalid(task, split, str(path), got.reason or "no_file", got.message)
+    return grade_bytes(task, got.data, split, source=str(path))
+
+
+def grade_run(task: Task, workdir: str | Path, split: str = "reward") -> GradeReport:
+    """Grade `submission/submission.csv` of a run directory, read without following links."""
+    source = str(Path(workdir) / RUN_SUBMISSION)
+    got = read_run_submission(Path(workdir), submission_byte_cap(task, split))
+    if got.data is None:
+        return _invalid(task, split, source, got.reason or "no_file", got.message)
+    return grade_bytes(task, got.data, split, source=source)

@@ -214,6 +214,10 @@ def test_every_reason_is_covered():
                "inf_values", "non_numeric_values", "prob_out_of_range",
                "prob_rows_not_normalised", "negative_values", "non_integer_values",
                "metric_error"}
+    # Hostile-input reasons, each with its own test in test_grading_hostile.py.
+    covered |= {"not_regular_file", "too_large", "invalid_utf8", "too_many_rows",
+                "too_many_columns", "cell_too_long", "ragged_rows", "duplicate_columns",
+                "grader_error"}
     assert covered == set(REASONS)
 
 

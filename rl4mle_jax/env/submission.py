@@ -1,0 +1,238 @@
+"""Take a run's submission off disk without trusting it, and the bounds it must fit.
+
+The submission file is written by the agent's program, so everything about it is hostile:
+it may be a symbolic link (to the task's private answers, to ``/etc/passwd``), sit under a
+linked ``submission/`` directory, be a FIFO that blocks a reader forever, a device, or a
+sparse file of many GiB. ``read_run_submission`` opens each path component relative to the
+run directory with ``O_NOFOLLOW`` (so no link anywhere on the path is followed), accepts only
+a regular file with one link whose size is under the cap, and never raises. Its messages name
+the path inside the run directory and the kind of entry found there, never anything read
+through a link (no ``readlink``, no following).
+
+Hard links: a hard link to a host file would be a regular file, so the sandbox must make them
+impossible (the run directory is a separate mount, and ``fs.protected_hardlinks`` forbids
+linking files the program does not own). As a second fence a file with more than one link is
+refused here too.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from rl4mle_jax.env.tasks import Task
+
+RUN_SUBMISSION = "submission/submission.csv"
+# Bounds on what a submission may be, from the task's expected shape (see submission_bounds).
+COLUMN_MARGIN = 4
+MIN_CELL_CHARS = 256
+MAX_CELL_CHARS = 128 * 1024  # the csv module's default field limit; never raised globally
+MIN_BYTES = 1 << 20
+MAX_BYTES = 64 << 20
+_READ_CHUNK = 1 << 20
+
+
+def row_margin(n_rows: int) -> int:
+    """Rows allowed beyond the expected count (room for a few extra/duplicate ids)."""
+    return 16 + n_rows // 100
+
+
+@dataclass(frozen=True)
+class SubmissionRead:
+    """Bytes of a run's submission, or why there are none (`reason` as in grading.REASONS)."""
+
+    data: bytes | None
+    reason: str | None
+    message: str
+
+
+@dataclass(frozen=True)
+class SubmissionBounds:
+    """Limits a submission of one task/split must fit before it is parsed."""
+
+    max_bytes: int
+    expected_rows: int  # rows of the answers
+    max_rows: int  # data rows, header excluded
+    max_columns: int
+    max_cell_chars: int
+    max_record_chars: int  # one CSV record, all its physical lines together
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _entry_kind(name: str, dir_fd: int) -> str:
+    """What `name` is in `dir_fd`, from lstat only (describes the entry, never its target)."""
+    try:
+        return _kind(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return "not a regular file"
+
+
+def _fail(reason: str, message: str) -> SubmissionRead:
+    return SubmissionRead(data=None, reason=reason, message=message[:300])
+
+
+def _open_error(e: OSError, shown: str, name: str, dir_fd: int) -> SubmissionRead:
+    if e.errno == errno.ENOENT:
+        return _fail("no_file", f"no submission file at {shown}")
+    if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP):
+        return _fail("not_regular_file", f"{shown} is {_entry_kind(name, dir_fd)}; the "
+                     "submission must be a regular file inside the run directory (no links)")
+    return _fail("no_file", f"cannot open {shown} ({errno.errorcode.get(e.errno, 'error')})")
+
+
+def _read_capped(fd: int, max_bytes: int) -> bytes:
+    """At most max_bytes + 1 bytes (one more than allowed tells "over the cap")."""
+    chunks, left = [], max_bytes + 1
+    while left > 0:
+        b = os.read(fd, min(left, _READ_CHUNK))
+        if not b:
+            break
+        chunks.append(b)
+        left -= len(b)
+    return b"".join(chunks)
+
+
+def read_run_submission(workdir: Path, max_bytes: int, rel: str = RUN_SUBMISSION
+                        ) -> SubmissionRead:
+    """Read `workdir/rel` without following any link, refusing anything but a small regular
+    file; never raises, never blocks."""
+    parts = PurePosixPath(rel).parts
+    if not parts or PurePosixPath(rel).is_absolute() or any(p in ("", ".", "..") for p in parts):
+        return _fail("no_file", "bad submission path (must be relative, inside the run dir)")
+    fds: list[int] = []
+    try:
+        try:
+            fds.append(os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                               | os.O_CLOEXEC))
+        except OSError:
+            return _fail("no_file", "the run directory is missing or not a directory")
+        for i, name in enumerate(parts[:-1]):
+            shown = "/".join(parts[:i + 1]) + "/"
+            try:
+                fds.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                   | os.O_CLOEXEC, dir_fd=fds[-1]))
+            except OSError as e:
+                return _open_error(e, shown, name, fds[-1])
+        name, dir_fd = parts[-1], fds[-1]
+        try:  # lstat first: FIFOs and devices are refused without ever being opened
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError as e:
+            return _open_error(e, rel, name, dir_fd)
+        if not stat.S_ISREG(st.st_mode):
+            return _fail("not_regular_file", f"{rel} is {_kind(st.st_mode)}; the submission "
+                         "must be a regular file inside the run directory (no links)")
+        try:
+            fds.append(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                               | os.O_CLOEXEC, dir_fd=dir_fd))
+        except OSError as e:
+            return _open_error(e, rel, name, dir_fd)
+        fst = os.fstat(fds[-1])
+        if not stat.S_ISREG(fst.st_mode) or (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+            return _fail("not_regular_file", f"{rel} changed while being opened")
+        if fst.st_nlink != 1:
+            return _fail("not_regular_file", f"{rel} is a hard link ({fst.st_nlink} names); "
+                         "write the submission as a new file")
+        if fst.st_size > max_bytes:
+            return _fail("too_large", f"{rel} is {fst.st_size} bytes; the limit for this task "
+                         f"is {max_bytes} bytes")
+        data = _read_capped(fds[-1], max_bytes)
+        if len(data) > max_bytes:  # grew after fstat
+            return _fail("too_large", f"{rel} is over the limit of {max_bytes} bytes")
+        return SubmissionRead(data=data, reason=None, message="")
+    except Exception as e:  # noqa: BLE001 - total: any failure is a named reason
+        return _fail("no_file", f"cannot read {rel} ({type(e).__name__})")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def read_host_file(path: Path, max_bytes: int) -> SubmissionRead:
+    """Read a user's own file (CLI `grade --submission`): links followed, but only a regular
+    file under the cap, opened non-blocking so a FIFO never hangs."""
+    shown = Path(path).name
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return _fail("no_file", f"no submission file at {path}")
+    except OSError as e:
+        return _fail("no_file", f"cannot open {shown} ({errno.errorcode.get(e.errno, 'error')})")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return _fail("not_regular_file", f"{shown} is {_kind(st.st_mode)}")
+        if st.st_size > max_bytes:
+            return _fail("too_large", f"{shown} is {st.st_size} bytes; the limit for this task "
+                         f"is {max_bytes} bytes")
+        data = _read_capped(fd, max_bytes)
+        if len(data) > max_bytes:
+            return _fail("too_large", f"{shown} is over the limit of {max_bytes} bytes")
+        return SubmissionRead(data=data, reason=None, message="")
+    except OSError as e:
+        return _fail("no_file", f"cannot read {shown} ({type(e).__name__})")
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- bounds from the answers
+
+_FACTS_CACHE: dict[tuple[Any, ...], tuple[int, int, int]] = {}
+
+
+def _mtime(path: Path | None) -> int | None:
+    try:
+        return path.stat().st_mtime_ns if path is not None else None
+    except OSError:
+        return None
+
+
+def _answers_facts(answers: Path, sample: Path | None) -> tuple[int, int, int]:
+    """(data rows, columns, longest cell) of the trusted answers file (and sample header)."""
+    key = (str(answers), _mtime(answers), str(sample), _mtime(sample))
+    if key not in _FACTS_CACHE:
+        if len(_FACTS_CACHE) > 64:
+            _FACTS_CACHE.clear()
+        n_rows, n_cols, longest = -1, 0, 0
+        with open(answers, newline="", encoding="utf-8-sig") as f:
+            for row in csv.reader(f):
+                if row:
+                    n_rows += 1
+                    n_cols = max(n_cols, len(row))
+                    longest = max(longest, max(map(len, row)))
+        if sample is not None and _mtime(sample) is not None:
+            with open(sample, newline="", encoding="utf-8-sig") as f:
+                header = next(csv.reader(f), [])
+            n_cols = max(n_cols, len(header))
+        _FACTS_CACHE[key] = (max(n_rows, 0), n_cols, longest)
+    return _FACTS_CACHE[key]
+
+
+def submission_bounds(task: Task, split: str) -> SubmissionBounds:
+    """Bytes, rows, columns and cell length allowed for a submission of `task` on `split`."""
+    n_rows, n_cols, longest = _answers_facts(task.answers_path(split),
+                                             task.sample_submission_path(split))
+    max_rows = n_rows + row_margin(n_rows)
+    max_cols = max(n_cols, 1 + len(task.target_columns)) + COLUMN_MARGIN
+    cell = min(MAX_CELL_CHARS, max(MIN_CELL_CHARS, 4 * longest))
+    record = max_cols * (cell + 3)  # quotes and separator per cell
+    total = min(MAX_BYTES, max(MIN_BYTES, (max_rows + 1) * max_cols * (cell + 1)))
+    return SubmissionBounds(max_bytes=total, expected_rows=n_rows, max_rows=max_rows,
+                            max_columns=max_cols, max_cell_chars=cell, max_record_chars=record)
+
+
+def submission_byte_cap(task: Task, split: str) -> int:
+    """Bytes allowed for a submission of this task (from its expected shape, 1-64 MiB)."""
+    return submission_bounds(task, split).max_bytes
