@@ -242,3 +242,21 @@ def test_text_metric_jaccard(tmp_path):
     rep = grade(task, p, split="test")
     # b1: {good, day,, sir} vs {good, day} -> 1/4 (punctuation stays on words); b2: empty -> 0.
     assert rep.valid and rep.score == pytest.approx((1 / 4 + 0.0) / 2), rep
+
+
+def test_repeating_and_composite_ids_never_collide(tmp_path):
+    """Keys joined as id + "\\x00" + occurrence collide once pandas drops the NUL: id "1"
+    occurrence 11 and id "11" occurrence 1 both became "111". Tuples cannot collide."""
+    task = make_task(tmp_path / "toy-keys", metric="rmse", targets=["y"], n_test=16)
+    ids = ["1"] * 12 + ["11"] * 2 + ["a,b", 'q"x']
+    y = np.arange(16, dtype=float) * 10.0
+    pd.DataFrame({"id": ids, "y": y}).to_csv(task.answers_path("test"), index=False)
+    sub = pd.DataFrame({"id": ids, "y": y}).iloc[[14, 15, 12, 13, *range(12)]]
+    rep = grade(task, write(tmp_path, sub), split="test")
+    assert rep.valid and rep.score == 0.0, rep
+    # Swap the 12th "1" with the 2nd "11": a collision would let this pass as perfect.
+    swapped = pd.DataFrame({"id": ids, "y": y})
+    swapped.loc[11, "y"], swapped.loc[13, "y"] = y[13], y[11]
+    rep = grade(task, write(tmp_path, swapped, "s.csv"), split="test")
+    ref = np.sqrt(np.mean((swapped["y"].to_numpy() - y) ** 2))
+    assert rep.valid and rep.score == pytest.approx(ref) and rep.score > 0
