@@ -113,6 +113,10 @@ class _Counter:
 
     def __init__(self) -> None:
         self.chars = 0
+        self.lines: list[str] = []
+
+    def reset(self) -> None:
+        self.chars, self.lines = 0, []
 
 
 def _lines(text: io.TextIOBase, b: SubmissionBounds, count: _Counter) -> Iterator[str]:
@@ -123,8 +127,9 @@ def _lines(text: io.TextIOBase, b: SubmissionBounds, count: _Counter) -> Iterato
         if not line:
             return
         count.chars += len(line)
+        count.lines.append(line)
         if count.chars > b.max_record_chars:
-            if line.count(",") >= b.max_columns:
+            if sum(ln.count(",") for ln in count.lines) >= b.max_columns:
                 raise SubmissionError("too_many_columns", f"a row has more than "
                                       f"{b.max_columns} columns")
             raise SubmissionError("cell_too_long", f"a row is over {b.max_record_chars} "
@@ -147,7 +152,7 @@ def parse_submission(data: bytes, b: SubmissionBounds) -> tuple[list[str], list[
     rows: list[list[str]] = []
     try:
         for rec in reader:
-            count.chars = 0
+            count.reset()
             if not rec:  # blank line (pandas skips them too)
                 continue
             if len(rec) > b.max_columns:
