@@ -30,6 +30,7 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rl4mle_jax.env.sandbox.cgroups import detect
 from rl4mle_jax.env.sandbox.common import (
     PROGRAM_NAME,
     Limits,
@@ -39,9 +40,11 @@ from rl4mle_jax.env.sandbox.common import (
     sandbox_env,
 )
 from rl4mle_jax.env.sandbox.launcher import launcher_argv
-from rl4mle_jax.env.sandbox.local import UidPool, kill_uid, run_process
+from rl4mle_jax.env.sandbox.limiter import RunLimiter
+from rl4mle_jax.env.sandbox.local import UidPool, run_process
 from rl4mle_jax.env.sandbox.result import ExecResult
 from rl4mle_jax.env.sandbox.seccomp import filter_fd
+from rl4mle_jax.env.sandbox.staging import stage_input, sweep_staging
 
 SANDBOX_WORKDIR = "/workdir"
 _SYSTEM_TOP = ("/usr",)
@@ -226,6 +229,9 @@ class BwrapBackend:
         self.work_root = work_root
         self.privileged = os.geteuid() == 0
         self.pool = UidPool() if self.privileged else None
+        self.cgroups, self.cgroup_notes = detect()
+        self.mechanism = self.cgroups.mechanism if self.cgroups is not None else "watchdog"
+        sweep_staging(work_root)
         self._checked = False
         self._check_lock = threading.Lock()
 
@@ -252,13 +258,17 @@ class BwrapBackend:
     def _run(self, code: str, input_dir: Path, limits: Limits, env: dict[str, str] | None,
              workdir: Path | None) -> ExecResult:
         uid, lock = self.pool.acquire() if self.pool else (None, -1)
+        limiter = None
         try:
-            wd = prepare_workdir(code, workdir, self.work_root, owner=uid)
+            wd = prepare_workdir(code, workdir, self.work_root, owner=uid, limits=limits)
             warnings = input_warnings(input_dir, check_others=uid is not None)
             inner_uid = uid if uid is not None else 1000
+            # A staged copy: mountinfo names the bind source, which must not be the task's path.
+            staged = stage_input(Path(input_dir), self.work_root)
+            limiter = RunLimiter(self.cgroups, limits, uid=uid, workdir=wd)
             args, fds = bwrap_argv(bwrap=self.bwrap, layout=self.layout, workdir=wd,
-                                   input_dir=Path(input_dir).resolve(),
-                                   privileged=self.privileged, inner_uid=inner_uid)
+                                   input_dir=staged, privileged=self.privileged,
+                                   inner_uid=inner_uid)
             path = "/usr/local/bin:/usr/bin:/bin"
             if self.layout.is_venv:
                 path = "/opt/venv/bin:" + path
@@ -271,13 +281,16 @@ class BwrapBackend:
                 env.setdefault("LD_LIBRARY_PATH", "/opt/python/lib")
             status_r, status_w = os.pipe()
             exe = self.layout.inner_exe
-            argv = args + launcher_argv(exe, [exe, PROGRAM_NAME], status_fd=status_w,
-                                        rlimits=limits.rlimits(), uid=uid)
+            argv = limiter.argv_prefix() + args + launcher_argv(
+                exe, [exe, PROGRAM_NAME], status_fd=status_w, rlimits=limits.rlimits(), uid=uid)
             raw = run_process(argv, cwd=None, env=sandbox_env(limits.threads, path, env),
                               timeout_s=limits.timeout_s, output_bytes=limits.output_bytes,
                               status_fd=(status_r, status_w), pass_fds=tuple(fds),
-                              kill_tree=(lambda: kill_uid(uid)) if uid is not None else None)
+                              kill_tree=limiter.kill, monitor=limiter)
+            return finish(raw, wd=wd, backend=self.name, limits=limits, warnings=warnings,
+                          weak=False, limiter=limiter)
         finally:
+            if limiter is not None:
+                limiter.close()
             if self.pool is not None:
                 self.pool.release(uid, lock)
-        return finish(raw, wd=wd, backend=self.name, limits=limits, warnings=warnings, weak=False)

@@ -7,25 +7,45 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rl4mle_jax.env.sandbox.local import RawRun
 from rl4mle_jax.env.sandbox.result import ExecResult, classify, signal_name
+from rl4mle_jax.env.sandbox.runfs import mount_run_fs, regular_submission, walk
+
+if TYPE_CHECKING:
+    from rl4mle_jax.env.sandbox.limiter import RunLimiter
 
 log = logging.getLogger(__name__)
 
 PROGRAM_NAME = "main.py"
+MIN_INODES = 64  # the run dir's own skeleton and a few files
 _LOGGED: set[tuple[str, str]] = set()
 _STDERR_SCAN = 4096  # bytes of stderr's end searched for memory errors
 
 
 @dataclass(frozen=True)
 class Limits:
+    """Per-run limits; memory_mb, cpus, max_procs, disk_mb and max_inodes bound the whole run
+    (every process of it together) where the machine allows, see cgroups.py and runfs.py."""
+
     timeout_s: float
     memory_mb: int | None
     cpus: float
     max_procs: int | None
     max_file_mb: int | None
     output_bytes: int
+    disk_mb: int | None = 1024
+    max_inodes: int | None = 16384
+
+    def __post_init__(self) -> None:
+        if not self.cpus > 0:
+            raise ValueError(f"cpus must be positive (cores), got {self.cpus}")
+        for name, least in (("memory_mb", 16), ("max_procs", 1), ("max_file_mb", 1),
+                            ("disk_mb", 1), ("max_inodes", MIN_INODES)):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or int(v) != v or v < least):
+                raise ValueError(f"{name} must be None or an integer >= {least}, got {v!r}")
 
     @property
     def threads(self) -> int:
@@ -49,8 +69,11 @@ def default_work_root() -> Path:
 
 
 def prepare_workdir(code: str, workdir: Path | None, work_root: Path,
-                    owner: int | None = None) -> Path:
-    """Fresh <workdir>/{main.py, input/, submission/, tmp/}; owned by `owner` when given."""
+                    owner: int | None = None, limits: Limits | None = None) -> Path:
+    """Fresh <workdir>/{main.py, input/, submission/, tmp/}; owned by `owner` when given.
+
+    With `limits` and root, the workdir is a tmpfs of limits.disk_mb / max_inodes (runfs.py).
+    """
     if workdir is None:
         work_root.mkdir(parents=True, exist_ok=True)
         os.chmod(work_root, 0o711)  # other uids may enter their own run dir but not list others
@@ -60,6 +83,8 @@ def prepare_workdir(code: str, workdir: Path | None, work_root: Path,
         wd.mkdir(parents=True, exist_ok=True)
         if any(wd.iterdir()):
             raise ValueError(f"workdir {wd} is not empty; the sandbox needs a fresh directory")
+    if limits is not None:
+        mount_run_fs(wd, limits.disk_mb, limits.max_inodes)
     for sub in ("input", "submission", "tmp", ".shm"):
         (wd / sub).mkdir()
     (wd / PROGRAM_NAME).write_text(code)
@@ -91,9 +116,18 @@ def sandbox_env(threads: int, path: str, extra: dict[str, str] | None = None,
 
 
 def finish(raw: RawRun, *, wd: Path, backend: str, limits: Limits,
-           warnings: list[str], weak: bool) -> ExecResult:
-    """Turn a finished RawRun into an ExecResult."""
+           warnings: list[str], weak: bool, limiter: RunLimiter | None = None) -> ExecResult:
+    """Turn a finished RawRun into an ExecResult (limiter: the run's aggregate limits)."""
     st = raw.status
+    hit = raw.limit_hit or (limiter.final_hit() if limiter is not None else None)
+    if limiter is not None:
+        warnings = [*limiter.notes, *warnings]
+    if hit == "disk":
+        warnings = [*warnings, f"run dir passed disk_mb={limits.disk_mb} or "
+                               f"max_inodes={limits.max_inodes}: the run was ended"]
+    elif hit == "oom":
+        warnings = [*warnings, f"the run's processes together passed memory_mb="
+                               f"{limits.memory_mb}: the run was ended"]
     if raw.timed_out:
         exit_code, duration = None, raw.killed_at_s or limits.timeout_s
     elif st is not None:
@@ -105,14 +139,16 @@ def finish(raw: RawRun, *, wd: Path, backend: str, limits: Limits,
         duration = raw.wall_s
         warnings = [*warnings, "launcher reported no status; exit code from the sandbox process"]
     peak = st["maxrss_kb"] / 1024 if st is not None else None
+    tree_peak = limiter.peak_memory_mb() if limiter is not None else None
+    peak = tree_peak if tree_peak is not None else peak  # the whole tree's, when known
     status = classify(timed_out=raw.timed_out, exit_code=exit_code,
                       stderr_tail=raw.stderr.raw_tail(_STDERR_SCAN), peak_memory_mb=peak,
-                      memory_mb=limits.memory_mb)
+                      memory_mb=limits.memory_mb, limit_hit=hit)
     sub = wd / "submission" / "submission.csv"
     return ExecResult(
         status=status, exit_code=exit_code, duration_s=float(duration),
         stdout=raw.stdout.text(), stderr=raw.stderr.text(), submission_path=sub,
-        submission_exists=sub.is_file(), workdir=wd, backend=backend, wall_s=raw.wall_s,
+        submission_exists=regular_submission(wd), workdir=wd, backend=backend, wall_s=raw.wall_s,
         signal=signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None,
         peak_memory_mb=peak, stdout_bytes=raw.stdout.total, stderr_bytes=raw.stderr.total,
         stdout_truncated=raw.stdout.truncated, stderr_truncated=raw.stderr.truncated,
@@ -142,7 +178,7 @@ def input_warnings(input_dir: Path, check_others: bool) -> list[str]:
 
 def unreadable_by_others(input_dir: Path) -> list[str]:
     bad = []
-    for dirpath, _, filenames in os.walk(input_dir):
+    for dirpath, _, filenames in walk(input_dir):
         if os.stat(dirpath).st_mode & 0o005 != 0o005:
             bad.append(str(Path(dirpath).relative_to(input_dir)) + "/")
         for name in filenames:
@@ -156,7 +192,7 @@ def escaping_symlinks(input_dir: Path) -> list[str]:
     """Symlinks in input_dir that point outside it (they dangle inside an isolating sandbox)."""
     root = input_dir.resolve()
     bad = []
-    for dirpath, dirnames, filenames in os.walk(input_dir):
+    for dirpath, dirnames, filenames in walk(input_dir):
         for name in dirnames + filenames:
             p = Path(dirpath) / name
             if p.is_symlink() and not p.resolve().is_relative_to(root):

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rl4mle_jax.env.sandbox.launcher import parse_status
 from rl4mle_jax.env.sandbox.result import OutputCapture
@@ -107,16 +108,19 @@ class RawRun:
     stderr: OutputCapture
     wall_s: float
     killed_at_s: float | None
+    limit_hit: str | None = None  # "oom" / "disk": an aggregate limit ended the run
 
 
 def run_process(argv: list[str], *, cwd: str | None, env: dict[str, str], timeout_s: float,
                 output_bytes: int, status_fd: tuple[int, int], pass_fds: tuple[int, ...] = (),
                 user: int | None = None, kill_tree: Callable[[], None] | None = None,
-                linger_s: float = 2.0) -> RawRun:
+                linger_s: float = 2.0, monitor: Any = None) -> RawRun:
     """Run argv to completion or timeout, capturing output without ever holding more than the cap.
 
     status_fd: (read end, write end) of the launcher's status pipe; the write end is passed on.
     kill_tree: kills whatever the run may have left behind (called on timeout and after exit).
+    monitor: aggregate limits (limiter.RunLimiter): `start(pid)`, then `poll()` every ~50 ms
+      returning "oom"/"disk" when the run must end.
     """
     status_r, status_w = status_fd
     out, err, status_buf = OutputCapture(output_bytes), OutputCapture(output_bytes), bytearray()
@@ -130,6 +134,9 @@ def run_process(argv: list[str], *, cwd: str | None, env: dict[str, str], timeou
         os.close(status_w)
         for fd in pass_fds:
             os.close(fd)
+
+    if monitor is not None:
+        monitor.start(proc.pid)
 
     def exited() -> bool:
         # WNOWAIT: the pid stays ours (not reaped, not reusable) until proc.wait() below, so
@@ -152,15 +159,19 @@ def run_process(argv: list[str], *, cwd: str | None, env: dict[str, str], timeou
     sel.register(proc.stderr, selectors.EVENT_READ, err)
     sel.register(status_r, selectors.EVENT_READ, None)
     deadline = t0 + timeout_s
-    timed_out, killed_at, exited_at = False, None, None
+    timed_out, killed_at, exited_at, hit = False, None, None, None
     try:
         while sel.get_map():
             now = time.monotonic()
             if not exited():
-                if now >= deadline and not timed_out:
+                if hit is None and not timed_out and monitor is not None:
+                    hit = monitor.poll()
+                    if hit is not None:
+                        killed_at = now - t0
+                if now >= deadline and not timed_out and hit is None:
                     timed_out, killed_at = True, now - t0
                     kill()
-                elif timed_out:
+                elif timed_out or hit is not None:
                     kill()  # still there: keep killing (a fork bomb refills the tree)
             elif exited_at is None:
                 exited_at = now
@@ -168,7 +179,7 @@ def run_process(argv: list[str], *, cwd: str | None, env: dict[str, str], timeou
             elif now - exited_at > linger_s:
                 break  # a pipe held open by something we could not kill: give up on it
             wait = 0.05 if exited_at is not None or timed_out else max(0.0, deadline - now)
-            for key, _ in sel.select(timeout=min(wait, 0.2)):
+            for key, _ in sel.select(timeout=min(wait, 0.05 if monitor is not None else 0.2)):
                 data = os.read(key.fd, _READ_CHUNK)
                 if not data:
                     sel.unregister(key.fileobj)
@@ -186,4 +197,4 @@ def run_process(argv: list[str], *, cwd: str | None, env: dict[str, str], timeou
         os.close(status_r)
     return RawRun(timed_out=timed_out, outer_exit_code=proc.returncode,
                   status=parse_status(bytes(status_buf)), stdout=out, stderr=err,
-                  wall_s=time.monotonic() - t0, killed_at_s=killed_at)
+                  wall_s=time.monotonic() - t0, killed_at_s=killed_at, limit_hit=hit)

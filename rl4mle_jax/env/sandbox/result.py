@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import shutil
 import signal as _signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rl4mle_jax.env.sandbox.runfs import remove_tree
 
 STATUSES = ("ok", "error", "timeout", "killed", "oom")
 
@@ -70,16 +70,13 @@ class ExecResult:
         d["workdir"] = str(self.workdir)
         return d
 
-    def cleanup(self) -> None:
-        """Delete the working directory (the caller reads the submission first)."""
-        if not self.workdir.exists():
-            return
-        for dirpath, _, _ in os.walk(self.workdir):  # read-only input copies block deletion
-            try:
-                os.chmod(dirpath, 0o755)
-            except OSError:
-                pass
-        shutil.rmtree(self.workdir, ignore_errors=True)
+    def cleanup(self) -> bool:
+        """Delete the working directory (the caller reads the submission first).
+
+        Never raises; linear in the entries whatever their depth or modes; a tmpfs run dir is
+        unmounted at once. True when the directory is gone.
+        """
+        return remove_tree(self.workdir)
 
 
 class OutputCapture:
@@ -135,11 +132,18 @@ def signal_name(signum: int) -> str:
 
 
 def classify(*, timed_out: bool, exit_code: int | None, stderr_tail: bytes,
-             peak_memory_mb: float | None, memory_mb: float | None) -> str:
+             peak_memory_mb: float | None, memory_mb: float | None,
+             limit_hit: str | None = None) -> str:
     """Map how the program ended to one of STATUSES.
 
     exit_code: exit status, or -signum for a signal death; ignored when timed_out.
+    limit_hit: "oom" (the tree's memory limit ended the run) or "disk" (the watchdog's disk
+      bound did: "killed"); None when no aggregate limit intervened.
     """
+    if limit_hit == "oom":
+        return "oom"
+    if limit_hit == "disk":
+        return "killed"
     if timed_out:
         return "timeout"
     if exit_code == 0:

@@ -5,6 +5,8 @@ its isolation is weaker and every result says so (`weak_isolation`, `warnings`):
 - no network isolation;
 - no filesystem isolation: the program reads whatever its uid may read, and world-writable
   places such as /tmp stay writable;
+- aggregate limits and the run dir's tmpfs as in bwrap (cgroups.py, runfs.py); as root the
+  input is a symlink to the root-owned staged copy (staging.py), otherwise a private copy;
 - as root it runs as a per-run unprivileged uid (so RLIMIT_NPROC holds and everything it leaves
   behind is found and killed by uid) only if that uid can execute the interpreter; otherwise it
   runs as the caller, where RLIMIT_NPROC is not enforced (root) or counts all of the caller's
@@ -20,6 +22,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from rl4mle_jax.env.sandbox.cgroups import detect
 from rl4mle_jax.env.sandbox.common import (
     PROGRAM_NAME,
     Limits,
@@ -29,8 +32,11 @@ from rl4mle_jax.env.sandbox.common import (
     sandbox_env,
 )
 from rl4mle_jax.env.sandbox.launcher import launcher_argv
-from rl4mle_jax.env.sandbox.local import UidPool, kill_uid, run_process
+from rl4mle_jax.env.sandbox.limiter import RunLimiter
+from rl4mle_jax.env.sandbox.local import UidPool, run_process
 from rl4mle_jax.env.sandbox.result import ExecResult
+from rl4mle_jax.env.sandbox.runfs import walk
+from rl4mle_jax.env.sandbox.staging import stage_input
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +59,6 @@ def _runs_as_other_uid(python: str, uid: int) -> bool:
     return r.returncode == 0
 
 
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)  # shares the root-owned inode: the unprivileged uid cannot write it
-    except OSError:
-        shutil.copy2(src, dst)
-        os.chmod(dst, 0o444)
-
-
 def _check_traversable(path: Path) -> None:
     """The unprivileged uid must reach its run dir through every ancestor of work_root."""
     p = Path(path).resolve()
@@ -80,6 +78,8 @@ class SubprocessBackend:
         self.work_root = work_root
         self.pool: UidPool | None = None
         self.warnings = list(BASE_WARNINGS)
+        self.cgroups, self.cgroup_notes = detect()
+        self.mechanism = self.cgroups.mechanism if self.cgroups is not None else "watchdog"
         if os.geteuid() == 0:
             pool = UidPool()
             uid, fd = pool.acquire()
@@ -104,26 +104,36 @@ class SubprocessBackend:
     def run(self, code: str, input_dir: Path, limits: Limits, env: dict[str, str] | None,
             workdir: Path | None) -> ExecResult:
         uid, lock = self.pool.acquire() if self.pool else (None, -1)
+        limiter = None
         try:
-            wd = prepare_workdir(code, workdir, self.work_root, owner=uid)
+            wd = prepare_workdir(code, workdir, self.work_root, owner=uid, limits=limits)
             inp = wd / "input"
             inp.rmdir()
-            copy = _link_or_copy if uid is not None else shutil.copy2
-            shutil.copytree(input_dir, inp, copy_function=copy, symlinks=False)
-            for dirpath, _, _ in os.walk(inp):
-                os.chmod(dirpath, 0o555)
+            if uid is not None:  # root-owned staging (staging.py): the run uid cannot write it
+                os.symlink(stage_input(Path(input_dir), self.work_root), inp)
+            else:  # the caller's own uid could write a shared staging dir: a private copy
+                shutil.copytree(input_dir, inp, symlinks=True)
+                for dirpath, _, _ in walk(inp):
+                    os.chmod(dirpath, 0o555)
             path = os.path.dirname(os.path.abspath(self.python)) + ":/usr/local/bin:/usr/bin:/bin"
             tmp = str(wd / "tmp")
+            limiter = RunLimiter(self.cgroups, limits, uid=uid, workdir=wd)
             status_r, status_w = os.pipe()
-            argv = launcher_argv(self.python, [self.python, PROGRAM_NAME], status_fd=status_w,
-                                 rlimits=limits.rlimits())
+            # The launcher drops to the uid itself, after the join prefix (run as root) has put
+            # the run into its cgroups.
+            argv = limiter.argv_prefix() + launcher_argv(
+                self.python, [self.python, PROGRAM_NAME], status_fd=status_w,
+                rlimits=limits.rlimits(), uid=uid)
             raw = run_process(argv, cwd=str(wd), env=sandbox_env(limits.threads, path, env,
                                                                  home=tmp, tmpdir=tmp),
                               timeout_s=limits.timeout_s, output_bytes=limits.output_bytes,
-                              status_fd=(status_r, status_w), user=uid,
-                              kill_tree=(lambda: kill_uid(uid)) if uid is not None else None)
+                              status_fd=(status_r, status_w), kill_tree=limiter.kill,
+                              monitor=limiter)
+            warnings = self.warnings + input_warnings(input_dir, check_others=uid is not None)
+            return finish(raw, wd=wd, backend=self.name, limits=limits, warnings=warnings,
+                          weak=True, limiter=limiter)
         finally:
+            if limiter is not None:
+                limiter.close()
             if self.pool is not None:
                 self.pool.release(uid, lock)
-        warnings = self.warnings + input_warnings(input_dir, check_others=uid is not None)
-        return finish(raw, wd=wd, backend=self.name, limits=limits, warnings=warnings, weak=True)
