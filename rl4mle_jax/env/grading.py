@@ -137,9 +137,24 @@ def _lines(text: io.TextIOBase, b: SubmissionBounds, count: _Counter) -> Iterato
         yield line
 
 
-def parse_submission(data: bytes, b: SubmissionBounds) -> tuple[list[str], list[list[str]]]:
-    """(stripped header, rows of str cells) of a CSV, stopping at the first bound broken."""
-    if not data.strip():
+def _check_columns(header: list[str], expected: list[str]) -> None:
+    missing_cols = [c for c in expected if c not in header]
+    if missing_cols:
+        raise SubmissionError("missing_columns", f"missing columns {_cols(missing_cols)}; "
+                              f"expected {_cols(expected)}, got {_cols(header)}")
+    extra_cols = [c for c in header if c not in expected]
+    if extra_cols:
+        raise SubmissionError("extra_columns", f"unexpected columns {_cols(extra_cols)}; "
+                              f"expected {_cols(expected)}")
+
+
+def parse_submission(data: bytes, b: SubmissionBounds, expected: list[str] | None = None
+                     ) -> tuple[list[str], list[list[str]]]:
+    """(stripped header, rows of str cells) of a CSV, stopping at the first bound broken.
+
+    expected: column names; when given, the header is checked before any row is read.
+    """
+    if not data or data.isspace():
         raise SubmissionError("unreadable_csv", "the submission is empty")
     nul = data.find(b"\x00")
     if nul >= 0:
@@ -167,6 +182,8 @@ def parse_submission(data: bytes, b: SubmissionBounds) -> tuple[list[str], list[
                 if dup:
                     raise SubmissionError("duplicate_columns", f"columns appear more than "
                                           f"once (after stripping spaces): {_cols(dup)}")
+                if expected is not None:
+                    _check_columns(header, expected)
                 continue
             if len(rows) >= b.max_rows:
                 raise SubmissionError("too_many_rows", f"more than {b.max_rows} rows; the "
@@ -223,7 +240,7 @@ def _parse_floats(values: np.ndarray, column: str) -> np.ndarray:
             bad.append(t)
     if bad:
         raise SubmissionError("non_numeric_values",
-                              f"column {column!r} has non-numeric values: {_examples(bad)}")
+                              f"column {_q(column)} has non-numeric values: {_examples(bad)}")
     return out
 
 
@@ -234,11 +251,11 @@ def _numeric_block(df: pd.DataFrame, columns: list[str], ids: list[str]) -> np.n
     for k, c in enumerate(columns):
         nan = np.isnan(arr[:, k])
         if nan.any():
-            raise SubmissionError("nan_values", f"column {c!r} has {int(nan.sum())} missing/NaN "
+            raise SubmissionError("nan_values", f"column {_q(c)} has {int(nan.sum())} missing/NaN "
                                   f"values (ids {_examples(np.asarray(ids)[nan])})")
         inf = np.isinf(arr[:, k])
         if inf.any():
-            raise SubmissionError("inf_values", f"column {c!r} has {int(inf.sum())} infinite "
+            raise SubmissionError("inf_values", f"column {_q(c)} has {int(inf.sum())} infinite "
                                   f"values (ids {_examples(np.asarray(ids)[inf])})")
     return arr
 
@@ -249,13 +266,13 @@ def _check_values(metric: Metric, arr: np.ndarray, columns: list[str]) -> None:
         if out.any():
             k = int(np.argmax(out.any(axis=0)))
             raise SubmissionError("prob_out_of_range", f"{int(out.sum())} probabilities outside "
-                                  f"[0, 1] (first in column {columns[k]!r})")
+                                  f"[0, 1] (first in column {_q(columns[k])})")
     if metric.kind == "distribution":
         sums = arr.sum(axis=1)
         off = np.abs(sums - 1.0) > ROW_SUM_ATOL
         if off.any():
             raise SubmissionError("prob_rows_not_normalised", f"{int(off.sum())} rows of "
-                                  f"probabilities over {columns} do not sum to 1 (e.g. "
+                                  f"probabilities over {_cols(columns)} do not sum to 1 (e.g. "
                                   f"{sums[off][0]:.6g}; tolerance {ROW_SUM_ATOL})")
     if metric.kind == "nonnegative" and (arr < 0).any():
         raise SubmissionError("negative_values", f"{int((arr < 0).sum())} negative predictions; "
@@ -268,7 +285,7 @@ def _labels(series: pd.Series, numeric: bool, column: str, ids: list[str]) -> np
     vals = series.map(lambda s: str(s).strip()).to_numpy()
     empty = np.array([v.lower() in _NAN_TEXT for v in vals])
     if empty.any():
-        raise SubmissionError("nan_values", f"column {column!r} has {int(empty.sum())} empty "
+        raise SubmissionError("nan_values", f"column {_q(column)} has {int(empty.sum())} empty "
                               f"labels (ids {_examples(np.asarray(ids)[empty])})")
     if numeric:
         return _parse_floats(vals, column)
@@ -345,16 +362,8 @@ def _answers(task: Task, split: str) -> pd.DataFrame:
 
 def _score(task: Task, split: str, data: bytes, ans: pd.DataFrame) -> tuple[float, int]:
     metric = get_metric(task.metric)
-    header, rows = parse_submission(data, submission_bounds(task, split))
     expected = _expected_columns(task, split)
-    missing_cols = [c for c in expected if c not in header]
-    if missing_cols:
-        raise SubmissionError("missing_columns", f"missing columns {_cols(missing_cols)}; "
-                              f"expected {_cols(expected)}, got {_cols(header)}")
-    extra_cols = [c for c in header if c not in expected]
-    if extra_cols:
-        raise SubmissionError("extra_columns", f"unexpected columns {_cols(extra_cols)}; "
-                              f"expected {_cols(expected)}")
+    header, rows = parse_submission(data, submission_bounds(task, split), expected)
     sub = pd.DataFrame(rows, columns=header, dtype=object) if rows else \
         pd.DataFrame({c: pd.Series([], dtype=object) for c in header})
     idx = _align(task, sub, ans)
