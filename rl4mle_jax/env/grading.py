@@ -4,15 +4,17 @@ CSVs are read with every cell as text (no dtype inference, so pandas' object/str
 choice cannot matter) and numbers are parsed with Python's ``float``, which round-trips
 exactly like ``pd.read_csv(float_precision="round_trip")``. Rows are aligned by id, never by
 row order.
+
+The submission is hostile input: ``grade_run`` reads it from a run directory without
+following links and ``grade_bytes`` parses it within bounds (both in ``submission``) before any
+DataFrame is built. Messages quote only the submission's own content (and the test ids, which
+the agent has), each value and list cut short, at most MAX_MESSAGE_CHARS in all.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,16 @@ import numpy as np
 import pandas as pd
 
 from rl4mle_jax.env.metrics import Metric, get_metric
-from rl4mle_jax.env.submission import (
+from rl4mle_jax.env.submission import (  # noqa: F401 - REASONS etc. are re-exported
+    MAX_MESSAGE_CHARS,
+    QUOTE_CHARS,
+    REASONS,
     RUN_SUBMISSION,
-    SubmissionBounds,
+    SubmissionError,
+    parse_submission,
+    quote,
+    quote_columns,
+    quote_list,
     read_host_file,
     read_run_submission,
     submission_bounds,
@@ -31,18 +40,6 @@ from rl4mle_jax.env.submission import (
 )
 from rl4mle_jax.env.tasks import Task
 
-# Named failure reasons (the `reason` field of an invalid report).
-REASONS = (
-    "no_file", "unreadable_csv", "missing_columns", "extra_columns", "wrong_row_count",
-    "missing_ids", "extra_ids", "duplicate_ids", "nan_values", "inf_values",
-    "non_numeric_values", "prob_out_of_range", "prob_rows_not_normalised",
-    "negative_values", "non_integer_values", "metric_error",
-    # The submission as hostile input: how it was found on disk, then bounds and encoding.
-    "not_regular_file", "too_large", "invalid_utf8", "too_many_rows", "too_many_columns",
-    "cell_too_long", "ragged_rows", "duplicate_columns", "grader_error",
-)
-MAX_MESSAGE_CHARS = 500
-QUOTE_CHARS = 60
 # Probability rows may be off by formatting (e.g. 4 decimals over 32 classes); larger
 # deviations are an error, smaller ones are renormalised away as Kaggle does.
 ROW_SUM_ATOL = 1e-3
@@ -76,134 +73,11 @@ class TaskError(ValueError):
     """The task itself is broken (answers lack columns): the host's fault, so it raises."""
 
 
-class SubmissionError(Exception):
-    """Invalid submission, with a named reason."""
-
-    def __init__(self, reason: str, message: str):
-        assert reason in REASONS, reason
-        super().__init__(message)
-        self.reason, self.message = reason, message
-
-
 def read_csv_text(path: Path) -> pd.DataFrame:
     """Read a trusted CSV (the host's answers) with all cells as Python str ("" when empty)."""
     df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[])
     df.columns = [str(c).strip() for c in df.columns]
     return df.astype(object)
-
-
-def _q(value: Any) -> str:
-    """repr of one value, cut to QUOTE_CHARS (messages reach the agent's prompt and logs)."""
-    r = repr(value)
-    return r if len(r) <= QUOTE_CHARS else r[:QUOTE_CHARS - 3] + "..."
-
-
-def _examples(values: Any, k: int = 5) -> str:
-    values = list(values)
-    more = f" (+{len(values) - k} more)" if len(values) > k else ""
-    return ", ".join(_q(v) for v in values[:k]) + more
-
-
-def _cols(columns: Any, k: int = 8) -> str:
-    return "[" + _examples(columns, k) + "]"
-
-
-class _Counter:
-    """Characters of the CSV record being read (reset by the caller after each record)."""
-
-    def __init__(self) -> None:
-        self.chars = 0
-        self.lines: list[str] = []
-
-    def reset(self) -> None:
-        self.chars, self.lines = 0, []
-
-
-def _lines(text: io.TextIOBase, b: SubmissionBounds, count: _Counter) -> Iterator[str]:
-    """Physical lines, refusing one record longer than the bounds allow before the csv module
-    ever builds it (a record of millions of short fields would cost GBs)."""
-    while True:
-        line = text.readline(b.max_record_chars + 1)
-        if not line:
-            return
-        count.chars += len(line)
-        count.lines.append(line)
-        if count.chars > b.max_record_chars:
-            if sum(ln.count(",") for ln in count.lines) >= b.max_columns:
-                raise SubmissionError("too_many_columns", f"a row has more than "
-                                      f"{b.max_columns} columns")
-            raise SubmissionError("cell_too_long", f"a row is over {b.max_record_chars} "
-                                  f"characters: a cell is longer than {b.max_cell_chars}")
-        yield line
-
-
-def _check_columns(header: list[str], expected: list[str]) -> None:
-    missing_cols = [c for c in expected if c not in header]
-    if missing_cols:
-        raise SubmissionError("missing_columns", f"missing columns {_cols(missing_cols)}; "
-                              f"expected {_cols(expected)}, got {_cols(header)}")
-    extra_cols = [c for c in header if c not in expected]
-    if extra_cols:
-        raise SubmissionError("extra_columns", f"unexpected columns {_cols(extra_cols)}; "
-                              f"expected {_cols(expected)}")
-
-
-def parse_submission(data: bytes, b: SubmissionBounds, expected: list[str] | None = None
-                     ) -> tuple[list[str], list[list[str]]]:
-    """(stripped header, rows of str cells) of a CSV, stopping at the first bound broken.
-
-    expected: column names; when given, the header is checked before any row is read.
-    """
-    if not data or data.isspace():
-        raise SubmissionError("unreadable_csv", "the submission is empty")
-    nul = data.find(b"\x00")
-    if nul >= 0:
-        raise SubmissionError("unreadable_csv", f"not a text CSV: NUL byte at offset {nul}")
-    count = _Counter()
-    text = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", errors="strict",
-                            newline="")
-    reader = csv.reader(_lines(text, b, count), strict=True)
-    header: list[str] | None = None
-    rows: list[list[str]] = []
-    try:
-        for rec in reader:
-            count.reset()
-            if not rec:  # blank line (pandas skips them too)
-                continue
-            if len(rec) > b.max_columns:
-                raise SubmissionError("too_many_columns", f"line {reader.line_num} has "
-                                      f"{len(rec)} columns; at most {b.max_columns} expected")
-            if max(map(len, rec)) > b.max_cell_chars:
-                raise SubmissionError("cell_too_long", f"line {reader.line_num} has a cell "
-                                      f"longer than {b.max_cell_chars} characters")
-            if header is None:
-                header = [c.strip() for c in rec]
-                dup = sorted({c for c in header if header.count(c) > 1})
-                if dup:
-                    raise SubmissionError("duplicate_columns", f"columns appear more than "
-                                          f"once (after stripping spaces): {_cols(dup)}")
-                if expected is not None:
-                    _check_columns(header, expected)
-                continue
-            if len(rows) >= b.max_rows:
-                raise SubmissionError("too_many_rows", f"more than {b.max_rows} rows; the "
-                                      f"test set has {b.expected_rows}")
-            if len(rec) != len(header):
-                raise SubmissionError("ragged_rows", f"line {reader.line_num} has {len(rec)} "
-                                      f"fields, the header has {len(header)}")
-            rows.append(rec)
-    except UnicodeDecodeError:
-        raise SubmissionError("invalid_utf8", f"not valid UTF-8 text (near line "
-                              f"{reader.line_num + 1})") from None
-    except csv.Error as e:
-        if "field larger" in str(e):
-            raise SubmissionError("cell_too_long", f"a cell is longer than "
-                                  f"{b.max_cell_chars} characters") from None
-        raise SubmissionError("unreadable_csv", f"cannot parse as CSV near line "
-                              f"{reader.line_num}: {str(e)[:120]}") from None
-    if header is None:
-        raise SubmissionError("unreadable_csv", "the submission has no header line")
-    return header, rows
 
 
 def _keys(ids: list[str]) -> list[tuple[str, int]]:
@@ -240,7 +114,7 @@ def _parse_floats(values: np.ndarray, column: str) -> np.ndarray:
             bad.append(t)
     if bad:
         raise SubmissionError("non_numeric_values",
-                              f"column {_q(column)} has non-numeric values: {_examples(bad)}")
+                              f"column {quote(column)} has non-numeric values: {quote_list(bad)}")
     return out
 
 
@@ -251,12 +125,12 @@ def _numeric_block(df: pd.DataFrame, columns: list[str], ids: list[str]) -> np.n
     for k, c in enumerate(columns):
         nan = np.isnan(arr[:, k])
         if nan.any():
-            raise SubmissionError("nan_values", f"column {_q(c)} has {int(nan.sum())} missing/NaN "
-                                  f"values (ids {_examples(np.asarray(ids)[nan])})")
+            raise SubmissionError("nan_values", f"column {quote(c)} has {int(nan.sum())} "
+                                  f"missing/NaN values (ids {quote_list(np.asarray(ids)[nan])})")
         inf = np.isinf(arr[:, k])
         if inf.any():
-            raise SubmissionError("inf_values", f"column {_q(c)} has {int(inf.sum())} infinite "
-                                  f"values (ids {_examples(np.asarray(ids)[inf])})")
+            raise SubmissionError("inf_values", f"column {quote(c)} has {int(inf.sum())} infinite "
+                                  f"values (ids {quote_list(np.asarray(ids)[inf])})")
     return arr
 
 
@@ -266,14 +140,14 @@ def _check_values(metric: Metric, arr: np.ndarray, columns: list[str]) -> None:
         if out.any():
             k = int(np.argmax(out.any(axis=0)))
             raise SubmissionError("prob_out_of_range", f"{int(out.sum())} probabilities outside "
-                                  f"[0, 1] (first in column {_q(columns[k])})")
+                                  f"[0, 1] (first in column {quote(columns[k])})")
     if metric.kind == "distribution":
         sums = arr.sum(axis=1)
         off = np.abs(sums - 1.0) > ROW_SUM_ATOL
         if off.any():
             raise SubmissionError("prob_rows_not_normalised", f"{int(off.sum())} rows of "
-                                  f"probabilities over {_cols(columns)} do not sum to 1 (e.g. "
-                                  f"{sums[off][0]:.6g}; tolerance {ROW_SUM_ATOL})")
+                                  f"probabilities over {quote_columns(columns)} do not sum to "
+                                  f"1 (e.g. {sums[off][0]:.6g}; tolerance {ROW_SUM_ATOL})")
     if metric.kind == "nonnegative" and (arr < 0).any():
         raise SubmissionError("negative_values", f"{int((arr < 0).sum())} negative predictions; "
                               f"{metric.name} needs values >= 0")
@@ -285,8 +159,8 @@ def _labels(series: pd.Series, numeric: bool, column: str, ids: list[str]) -> np
     vals = series.map(lambda s: str(s).strip()).to_numpy()
     empty = np.array([v.lower() in _NAN_TEXT for v in vals])
     if empty.any():
-        raise SubmissionError("nan_values", f"column {_q(column)} has {int(empty.sum())} empty "
-                              f"labels (ids {_examples(np.asarray(ids)[empty])})")
+        raise SubmissionError("nan_values", f"column {quote(column)} has {int(empty.sum())} empty "
+                              f"labels (ids {quote_list(np.asarray(ids)[empty])})")
     if numeric:
         return _parse_floats(vals, column)
     return vals.astype(str)
@@ -328,18 +202,18 @@ def _align(task: Task, sub: pd.DataFrame, ans: pd.DataFrame) -> np.ndarray:
     dup = sorted({i for i, k in sub_keys if k > 0}) if ans_unique else []
     n_sub, n_ans = len(sub), len(ans)
     if dup:
-        raise SubmissionError("duplicate_ids", f"ids appear more than once: {_examples(dup)}"
+        raise SubmissionError("duplicate_ids", f"ids appear more than once: {quote_list(dup)}"
                               + (f"; {len(missing)} test ids missing" if missing else ""))
     if n_sub == n_ans and missing:
         raise SubmissionError("missing_ids", f"{len(missing)} ids of the test set are missing "
-                              f"(e.g. {_examples(missing)}); {len(extra)} rows have ids that are "
-                              f"not in the test set (e.g. {_examples(extra)})")
+                              f"(e.g. {quote_list(missing)}); {len(extra)} rows have ids that are "
+                              f"not in the test set (e.g. {quote_list(extra)})")
     if n_sub < n_ans and missing and not extra:
         raise SubmissionError("missing_ids", f"{len(missing)} ids of the test set are missing "
-                              f"(e.g. {_examples(missing)}); expected {n_ans} rows, got {n_sub}")
+                              f"(e.g. {quote_list(missing)}); expected {n_ans} rows, got {n_sub}")
     if n_sub > n_ans and extra and not missing:
         raise SubmissionError("extra_ids", f"{len(extra)} ids are not in the test set "
-                              f"(e.g. {_examples(extra)}); expected {n_ans} rows, got {n_sub}")
+                              f"(e.g. {quote_list(extra)}); expected {n_ans} rows, got {n_sub}")
     if n_sub != n_ans or missing or extra:
         raise SubmissionError("wrong_row_count", f"expected {n_ans} rows (one per test id), got "
                               f"{n_sub}; {len(missing)} test ids missing, {len(extra)} unknown")
@@ -443,8 +317,10 @@ def grade(task: Task, submission_path: str | Path, split: str = "reward") -> Gra
 
 
 def grade_run(task: Task, workdir: str | Path, split: str = "reward") -> GradeReport:
-    """Grade `submission/submission.csv` of a run directory, read without following links."""
-    source = str(Path(workdir) / RUN_SUBMISSION)
+    """Grade `submission/submission.csv` of a run directory, read without following links.
+
+    The report names the file relative to the run (no host path reaches the agent)."""
+    source = RUN_SUBMISSION
     got = read_run_submission(Path(workdir), submission_byte_cap(task, split))
     if got.data is None:
         return _invalid(task, split, source, got.reason or "no_file", got.message)

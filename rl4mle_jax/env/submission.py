@@ -1,4 +1,4 @@
-"""Take a run's submission off disk without trusting it, and the bounds it must fit.
+"""The submission as hostile input: read it off disk without trusting it, bound it, parse it.
 
 The submission file is written by the agent's program, so everything about it is hostile:
 it may be a symbolic link (to the task's private answers, to ``/etc/passwd``), sit under a
@@ -13,19 +13,39 @@ Hard links: a hard link to a host file would be a regular file, so the sandbox m
 impossible (the run directory is a separate mount, and ``fs.protected_hardlinks`` forbids
 linking files the program does not own). As a second fence a file with more than one link is
 refused here too.
+
+``parse_submission`` then checks bytes, rows, columns and cell length against
+``submission_bounds`` (from the task's expected shape) while it parses, with the stdlib csv
+module fed one bounded physical line at a time, so no hostile file costs more than a small
+multiple of its capped size in host memory, or more than linear time.
 """
 
 from __future__ import annotations
 
 import csv
 import errno
+import io
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from rl4mle_jax.env.tasks import Task
+
+# Named failure reasons (the `reason` field of an invalid GradeReport).
+REASONS = (
+    "no_file", "unreadable_csv", "missing_columns", "extra_columns", "wrong_row_count",
+    "missing_ids", "extra_ids", "duplicate_ids", "nan_values", "inf_values",
+    "non_numeric_values", "prob_out_of_range", "prob_rows_not_normalised",
+    "negative_values", "non_integer_values", "metric_error",
+    # The submission as hostile input: how it was found on disk, then bounds and encoding.
+    "not_regular_file", "too_large", "invalid_utf8", "too_many_rows", "too_many_columns",
+    "cell_too_long", "ragged_rows", "duplicate_columns", "grader_error",
+)
+MAX_MESSAGE_CHARS = 500
+QUOTE_CHARS = 60
 
 RUN_SUBMISSION = "submission/submission.csv"
 # Bounds on what a submission may be, from the task's expected shape (see submission_bounds).
@@ -37,6 +57,15 @@ MAX_BYTES = 64 << 20
 _READ_CHUNK = 1 << 20
 
 
+class SubmissionError(Exception):
+    """Invalid submission, with a named reason."""
+
+    def __init__(self, reason: str, message: str):
+        assert reason in REASONS, reason
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
 def row_margin(n_rows: int) -> int:
     """Rows allowed beyond the expected count (room for a few extra/duplicate ids)."""
     return 16 + n_rows // 100
@@ -44,7 +73,7 @@ def row_margin(n_rows: int) -> int:
 
 @dataclass(frozen=True)
 class SubmissionRead:
-    """Bytes of a run's submission, or why there are none (`reason` as in grading.REASONS)."""
+    """Bytes of a run's submission, or why there are none (`reason` is one of REASONS)."""
 
     data: bytes | None
     reason: str | None
@@ -243,3 +272,120 @@ def submission_bounds(task: Task, split: str) -> SubmissionBounds:
 def submission_byte_cap(task: Task, split: str) -> int:
     """Bytes allowed for a submission of this task (from its expected shape, 1-64 MiB)."""
     return submission_bounds(task, split).max_bytes
+
+
+# ---------------------------------------------------------------- bounded parse
+
+
+def quote(value: Any) -> str:
+    """repr of one value, cut to QUOTE_CHARS (messages reach the agent's prompt and logs)."""
+    r = repr(value)
+    return r if len(r) <= QUOTE_CHARS else r[:QUOTE_CHARS - 3] + "..."
+
+
+def quote_list(values: Any, k: int = 5) -> str:
+    values = list(values)
+    more = f" (+{len(values) - k} more)" if len(values) > k else ""
+    return ", ".join(quote(v) for v in values[:k]) + more
+
+
+def quote_columns(columns: Any, k: int = 8) -> str:
+    return "[" + quote_list(columns, k) + "]"
+
+
+class _Counter:
+    """Characters of the CSV record being read (reset by the caller after each record)."""
+
+    def __init__(self) -> None:
+        self.chars = 0
+        self.lines: list[str] = []
+
+    def reset(self) -> None:
+        self.chars, self.lines = 0, []
+
+
+def _lines(text: io.TextIOBase, b: SubmissionBounds, count: _Counter) -> Iterator[str]:
+    """Physical lines, refusing one record longer than the bounds allow before the csv module
+    ever builds it (a record of millions of short fields would cost GBs)."""
+    while True:
+        line = text.readline(b.max_record_chars + 1)
+        if not line:
+            return
+        count.chars += len(line)
+        count.lines.append(line)
+        if count.chars > b.max_record_chars:
+            if sum(ln.count(",") for ln in count.lines) >= b.max_columns:
+                raise SubmissionError("too_many_columns", f"a row has more than "
+                                      f"{b.max_columns} columns")
+            raise SubmissionError("cell_too_long", f"a row is over {b.max_record_chars} "
+                                  f"characters: a cell is longer than {b.max_cell_chars}")
+        yield line
+
+
+def _check_columns(header: list[str], expected: list[str]) -> None:
+    missing_cols = [c for c in expected if c not in header]
+    if missing_cols:
+        raise SubmissionError("missing_columns", f"missing columns {quote_columns(missing_cols)}; "
+                              f"expected {quote_columns(expected)}, got {quote_columns(header)}")
+    extra_cols = [c for c in header if c not in expected]
+    if extra_cols:
+        raise SubmissionError("extra_columns", f"unexpected columns {quote_columns(extra_cols)}; "
+                              f"expected {quote_columns(expected)}")
+
+
+def parse_submission(data: bytes, b: SubmissionBounds, expected: list[str] | None = None
+                     ) -> tuple[list[str], list[list[str]]]:
+    """(stripped header, rows of str cells) of a CSV, stopping at the first bound broken.
+
+    expected: column names; when given, the header is checked before any row is read.
+    """
+    if not data or data.isspace():
+        raise SubmissionError("unreadable_csv", "the submission is empty")
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise SubmissionError("unreadable_csv", f"not a text CSV: NUL byte at offset {nul}")
+    count = _Counter()
+    text = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", errors="strict",
+                            newline="")
+    reader = csv.reader(_lines(text, b, count), strict=True)
+    header: list[str] | None = None
+    rows: list[list[str]] = []
+    try:
+        for rec in reader:
+            count.reset()
+            if not rec:  # blank line (pandas skips them too)
+                continue
+            if len(rec) > b.max_columns:
+                raise SubmissionError("too_many_columns", f"line {reader.line_num} has "
+                                      f"{len(rec)} columns; at most {b.max_columns} expected")
+            if max(map(len, rec)) > b.max_cell_chars:
+                raise SubmissionError("cell_too_long", f"line {reader.line_num} has a cell "
+                                      f"longer than {b.max_cell_chars} characters")
+            if header is None:
+                header = [c.strip() for c in rec]
+                dup = sorted({c for c in header if header.count(c) > 1})
+                if dup:
+                    raise SubmissionError("duplicate_columns", f"columns appear more than "
+                                          f"once (after stripping spaces): {quote_columns(dup)}")
+                if expected is not None:
+                    _check_columns(header, expected)
+                continue
+            if len(rows) >= b.max_rows:
+                raise SubmissionError("too_many_rows", f"more than {b.max_rows} rows; the "
+                                      f"test set has {b.expected_rows}")
+            if len(rec) != len(header):
+                raise SubmissionError("ragged_rows", f"line {reader.line_num} has {len(rec)} "
+                                      f"fields, the header has {len(header)}")
+            rows.append(rec)
+    except UnicodeDecodeError:
+        raise SubmissionError("invalid_utf8", f"not valid UTF-8 text (near line "
+                              f"{reader.line_num + 1})") from None
+    except csv.Error as e:
+        if "field larger" in str(e):
+            raise SubmissionError("cell_too_long", f"a cell is longer than "
+                                  f"{b.max_cell_chars} characters") from None
+        raise SubmissionError("unreadable_csv", f"cannot parse as CSV near line "
+                              f"{reader.line_num}: {str(e)[:120]}") from None
+    if header is None:
+        raise SubmissionError("unreadable_csv", "the submission has no header line")
+    return header, rows
