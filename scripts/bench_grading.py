@@ -1,9 +1,13 @@
 """Host cost of grading the worst submissions a sandboxed program can leave behind.
 
-Each case is graded by ``grade_run`` in a fresh subprocess, so its peak RSS (``ru_maxrss``
-from ``wait4``) is that case's alone; a child that only imports the grader and loads the task
-gives the baseline. Two tasks: a real local one (answers of ~1 k rows, so its caps are
-small) and a synthetic one whose 60 k answer rows put the byte cap at its 64 MiB ceiling.
+Each case is graded by ``grade_run`` in a fresh interpreter, so its peak RSS (VmHWM, which
+exec resets; ``ru_maxrss`` would also count the parent's pages from before the exec) is that
+case's alone; a child that only imports the grader gives the baseline. "grading's own MB" is
+the rise of VmHWM over VmRSS just before grading (the high-water mark is reset through
+``/proc/self/clear_refs`` once the task is loaded).
+
+Two tasks: a real local one (answers of ~1 k rows, so its caps are small) and a synthetic
+one whose 60 k answer rows put the byte cap at its 64 MiB ceiling.
 
     python scripts/bench_grading.py                      # telco-churn, reward split
     python scripts/bench_grading.py --task mnist --split test
@@ -12,6 +16,7 @@ small) and a synthetic one whose 60 k answer rows put the byte cap at its 64 MiB
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -26,32 +31,46 @@ import pandas as pd
 TARGET_S, TARGET_MB = 2.0, 300.0
 
 
+def _status_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def _child(task_dir: str, data_root: str, split: str, workdir: str | None) -> None:
     from rl4mle_jax.env.grading import grade_run
+
+    if workdir is None:  # baseline: imports only
+        print(json.dumps({"reason": "-", "seconds": 0.0, "peak_mb": _status_mb("VmHWM")}))
+        return
     from rl4mle_jax.env.tasks import load_task
 
     task = load_task(task_dir, data_root=data_root)
-    if workdir is None:  # baseline: imports and task only
-        print(json.dumps({"reason": "-", "seconds": 0.0}))
-        return
+    gc.collect()
+    load_peak = _status_mb("VmHWM")
+    try:  # reset VmHWM, so the grading phase's own peak can be read afterwards
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    before = _status_mb("VmRSS")
     t0 = time.perf_counter()
     rep = grade_run(task, workdir, split)
     dt = time.perf_counter() - t0
+    hwm = _status_mb("VmHWM")
     print(json.dumps({"reason": rep.reason or f"valid ({rep.score:.4g})", "seconds": dt,
-                      "message_chars": len(rep.message)}))
+                      "peak_mb": max(load_peak, hwm), "grade_mb": hwm - before}))
 
 
 def _measure(task_dir: Path, data_root: Path, split: str, workdir: Path | None) -> dict:
+    """One fresh interpreter per case; its VmHWM (reset at exec) is the case's alone."""
     cmd = [sys.executable, __file__, "--child", str(task_dir), str(data_root), split,
            str(workdir) if workdir else "-"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(p.pid, 0)
-    out, err = p.stdout.read(), p.stderr.read()  # small: one JSON line
-    p.returncode = os.waitstatus_to_exitcode(status)
+    p = subprocess.run(cmd, capture_output=True, timeout=120)
     if p.returncode != 0:
-        return {"reason": f"CRASH rc={p.returncode}: {err.decode()[-300:]}", "seconds": -1,
-                "rss_mb": usage.ru_maxrss / 1024}
-    return {**json.loads(out), "rss_mb": usage.ru_maxrss / 1024}
+        return {"reason": f"CRASH rc={p.returncode}: {p.stderr.decode()[-300:]}",
+                "seconds": float("nan"), "peak_mb": float("nan")}
+    return json.loads(p.stdout)
 
 
 def _run_dir(root: Path, name: str) -> tuple[Path, Path]:
@@ -156,15 +175,15 @@ def bench(task, split: str, data_root: Path, tmp: Path) -> list[str]:
     base = _measure(task.root, data_root, split, None)
     lines = [f"\n**{task.id}** ({split} split: {b.expected_rows} answer rows; caps: "
              f"{b.max_bytes / 2**20:.1f} MiB, {b.max_rows} rows, {b.max_columns} columns, "
-             f"{b.max_cell_chars} chars a cell); import-only child: {base['rss_mb']:.0f} MB\n",
-             "| case | reason | seconds | peak RSS MB | over import-only MB |",
+             f"{b.max_cell_chars} chars a cell); import-only child: {base['peak_mb']:.0f} MB\n",
+             "| case | reason | seconds | peak RSS MB | grading's own MB |",
              "|---|---|---:|---:|---:|"]
     worst_s = worst_mb = 0.0
     for name, wd in cases.items():
         r = _measure(task.root, data_root, split, wd)
-        worst_s, worst_mb = max(worst_s, r["seconds"]), max(worst_mb, r["rss_mb"])
-        lines.append(f"| {name} | {r['reason']} | {r['seconds']:.3f} | {r['rss_mb']:.0f} | "
-                     f"{r['rss_mb'] - base['rss_mb']:+.0f} |")
+        worst_s, worst_mb = max(worst_s, r["seconds"]), max(worst_mb, r["peak_mb"])
+        lines.append(f"| {name} | {r['reason']} | {r['seconds']:.3f} | {r['peak_mb']:.0f} | "
+                     f"{r.get('grade_mb', float('nan')):+.0f} |")
     ok = worst_s <= TARGET_S and worst_mb <= TARGET_MB
     lines.append(f"\nworst: {worst_s:.2f} s, {worst_mb:.0f} MB "
                  f"({'within' if ok else 'OVER'} {TARGET_S:g} s / {TARGET_MB:g} MB)")
