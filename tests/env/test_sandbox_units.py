@@ -76,6 +76,24 @@ def test_parse_status_rejects_garbage():
     assert parse_status(b'{"exit_code": "x"}') is None
 
 
+def test_classify_aggregate_limit_hits():
+    args = dict(timed_out=False, exit_code=0, stderr_tail=b"", peak_memory_mb=None, memory_mb=None)
+    assert classify(**args, limit_hit="oom") == "oom"
+    assert classify(**{**args, "timed_out": True}, limit_hit="oom") == "oom"
+    assert classify(**{**args, "exit_code": -9}, limit_hit="disk") == "killed"
+
+
+def test_seccomp_filter_refuses_foreign_socket_families():
+    import struct
+
+    from rl4mle_jax.env.sandbox.seccomp import build_filter
+
+    prog = build_filter("x86_64")
+    ins = [struct.unpack("<HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
+    assert (0x06, 0, 0, 0x00050000 | 97) in ins  # RET ERRNO(EAFNOSUPPORT)
+    assert {k for code, _, _, k in ins if code == 0x15} >= {41, 53, 1, 2, 10}  # socket(pair)
+
+
 def test_limits_to_rlimits():
     lim = Limits(timeout_s=1, memory_mb=512, cpus=2.5, max_procs=10, max_file_mb=3, output_bytes=1)
     assert lim.rlimits() == {"RLIMIT_CORE": 0, "RLIMIT_AS": 512 << 20, "RLIMIT_FSIZE": 3 << 20,
@@ -156,6 +174,8 @@ class _FakeContainer:
                                               if v["bind"] == "/workdir"))
         if self.script.get("write"):
             (wd / "submission" / "submission.csv").write_text("id,y\n1,0\n")
+        if self.script.get("link"):  # a program making its submission a link to a host file
+            os.symlink("/etc/passwd", wd / "submission" / "submission.csv")
 
     def wait(self, timeout):
         if self.script.get("hang"):
@@ -195,7 +215,8 @@ def _docker(tmp_path, script, **kw):
 
 def test_docker_container_is_isolated_and_limited(tmp_path):
     sb, client = _docker(tmp_path, {"write": True, "out": [b"a" * 50, b"b" * 50]},
-                         memory_mb=512, max_procs=50, max_file_mb=2, cpus=2, output_bytes=20)
+                         memory_mb=512, max_procs=50, max_file_mb=2, cpus=2, output_bytes=20,
+                         disk_mb=64, max_inodes=500)
     res = sb.run("print(1)", tmp_path / "in")
     kw = client.created[0].kw
     assert kw["network_mode"] == "none" and kw["read_only"] and kw["cap_drop"] == ["ALL"]
@@ -205,8 +226,11 @@ def test_docker_container_is_isolated_and_limited(tmp_path):
     fsize = next(u for u in kw["ulimits"] if u.name == "fsize")
     assert fsize.soft == fsize.hard == 2 << 20
     binds = {v["bind"]: v["mode"] for v in kw["volumes"].values()}
-    assert binds == {"/workdir": "rw", "/workdir/input": "ro", "/tmp": "rw"}
+    assert binds == {"/workdir": "rw", "/workdir/input": "ro"}
+    assert kw["tmpfs"]["/tmp"].split(",") == ["rw", "nosuid", "nodev", "mode=1777", "size=64m",
+                                              "nr_inodes=500"]
     assert res.status == "ok" and res.submission_exists and res.duration_s == pytest.approx(1.5)
+    assert any("docker container cgroup" in w for w in res.warnings)
     assert res.stdout_bytes == 100 and res.stdout_truncated and client.created[0].removed
 
 
@@ -222,6 +246,13 @@ def test_docker_statuses(tmp_path, script, status, killed):
     res = sb.run("pass", tmp_path / "in")
     assert res.status == status and client.created[0].killed == killed
     assert client.created[0].removed
+
+
+def test_docker_symlinked_submission_does_not_exist(tmp_path):
+    sb, _ = _docker(tmp_path, {"link": True})
+    res = sb.run("pass", tmp_path / "in")
+    assert res.status == "ok" and not res.submission_exists
+    assert res.cleanup() and not os.path.lexists(res.workdir)
 
 
 def test_docker_engine_end_to_end(tmp_path):

@@ -10,6 +10,13 @@ The program runs with cwd = a fresh workdir holding `input/` (read-only view of 
 caller, who deletes it (`ExecResult.cleanup()`) after reading the submission.
 Backends: "bwrap" (default; namespaces, see bwrap.py), "subprocess" (rlimits only, says loudly
 that it is weaker), "docker" (docker SDK, for clusters).
+
+Aggregate limits (the whole process tree of a run, not each process): memory_mb, cpus (cores:
+a CFS quota of cpus x period), max_procs (pids.max) through a per-run cgroup, v2 where writable,
+else v1 (this dev/CI machine, root in a container), else a host-side watchdog (cgroups.py,
+watchdog.py); disk_mb and max_inodes through a tmpfs on the run dir as root, else the
+watchdog's scan (runfs.py). `repr(sb)` and every ExecResult.warnings name the mechanism used.
+memory_mb is also each process's RLIMIT_AS (a clean MemoryError before the tree limit).
 """
 
 from __future__ import annotations
@@ -32,15 +39,17 @@ BACKENDS = ("bwrap", "subprocess", "docker")
 class Sandbox:
     """Runs untrusted programs with limits; see the module docstring.
 
-    memory_mb: address-space limit (RLIMIT_AS; a cgroup limit for docker). cpus: the slot's CPU
-    share, which sets OMP/MKL/OpenBLAS thread counts. max_procs: processes + threads of the
-    program. max_file_mb: largest file it may write. output_bytes: kept per stream (head+tail).
+    memory_mb: memory of the whole run (cgroup; also each process's RLIMIT_AS). cpus: cores the
+    run may use (CFS quota), and the OMP/MKL/OpenBLAS thread counts. max_procs: processes +
+    threads of the run. max_file_mb: largest file it may write. disk_mb / max_inodes: bytes and
+    entries of its whole run dir (tmpfs). output_bytes: kept per stream (head+tail).
     python: host interpreter whose libraries programs may import (default: this one).
     """
 
     def __init__(self, backend: str = "bwrap", timeout_s: float = 300.0,
                  memory_mb: int | None = 8192, cpus: float = 1.0, max_procs: int | None = 256,
                  max_file_mb: int | None = 1024, output_bytes: int = 256 * 1024,
+                 disk_mb: int | None = 1024, max_inodes: int | None = 16384,
                  python: str | None = None, work_root: str | Path | None = None,
                  image: str = "python:3.11-slim", max_concurrency: int = 64,
                  docker_client: Any = None):
@@ -51,7 +60,8 @@ class Sandbox:
         self.backend_name = backend
         self.limits = Limits(timeout_s=float(timeout_s), memory_mb=memory_mb, cpus=float(cpus),
                              max_procs=max_procs, max_file_mb=max_file_mb,
-                             output_bytes=int(output_bytes))
+                             output_bytes=int(output_bytes), disk_mb=disk_mb,
+                             max_inodes=max_inodes)
         self.python = python or sys.executable
         self.work_root = Path(work_root) if work_root is not None else default_work_root()
         if backend == "bwrap":
@@ -107,4 +117,5 @@ class Sandbox:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Sandbox(backend={self.backend_name!r}, {self.limits})"
+        mech = getattr(self._backend, "mechanism", "?")
+        return f"Sandbox(backend={self.backend_name!r}, limits by {mech}, {self.limits})"

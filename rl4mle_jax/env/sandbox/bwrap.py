@@ -38,13 +38,14 @@ from rl4mle_jax.env.sandbox.common import (
     input_warnings,
     prepare_workdir,
     sandbox_env,
+    sweep_leftovers,
 )
 from rl4mle_jax.env.sandbox.launcher import launcher_argv
 from rl4mle_jax.env.sandbox.limiter import RunLimiter
 from rl4mle_jax.env.sandbox.local import UidPool, run_process
 from rl4mle_jax.env.sandbox.result import ExecResult
 from rl4mle_jax.env.sandbox.seccomp import filter_fd
-from rl4mle_jax.env.sandbox.staging import stage_input, sweep_staging
+from rl4mle_jax.env.sandbox.staging import stage_input
 
 SANDBOX_WORKDIR = "/workdir"
 _SYSTEM_TOP = ("/usr",)
@@ -231,7 +232,7 @@ class BwrapBackend:
         self.pool = UidPool() if self.privileged else None
         self.cgroups, self.cgroup_notes = detect()
         self.mechanism = self.cgroups.mechanism if self.cgroups is not None else "watchdog"
-        sweep_staging(work_root)
+        sweep_leftovers(work_root)
         self._checked = False
         self._check_lock = threading.Lock()
 

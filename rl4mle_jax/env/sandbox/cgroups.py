@@ -65,20 +65,26 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def _host_tag() -> str:
-    ns = os.readlink("/proc/self/ns/pid").split("[")[-1].rstrip("]")
-    return f"{ns}-{os.getpid()}-{_start_time(os.getpid())}"
+def _pid_ns() -> str:
+    return os.readlink("/proc/self/ns/pid").split("[")[-1].rstrip("]")
+
+
+def host_tag() -> str:
+    """<pid namespace>-<pid>-<start time> of this host process (names its cgroups and mounts)."""
+    return f"{_pid_ns()}-{os.getpid()}-{_start_time(os.getpid())}"
+
+
+def stale_host(tag: str) -> bool:
+    """Is `tag` (host_tag) a host process of our pid namespace that is no longer alive?"""
+    parts = tag.split("-")
+    if len(parts) != 3 or parts[0] != _pid_ns() or not parts[1].isdigit():
+        return False
+    return _start_time(int(parts[1])) != parts[2]
 
 
 def _stale(name: str) -> bool:
-    """A run cgroup of a host in our pid namespace that is no longer alive."""
-    parts = name[len(PREFIX):].split("-")
-    if len(parts) != 4 or not name.startswith(PREFIX):
-        return False
-    ns = os.readlink("/proc/self/ns/pid").split("[")[-1].rstrip("]")
-    if parts[0] != ns or not parts[1].isdigit():
-        return False
-    return _start_time(int(parts[1])) != parts[2]
+    """A run cgroup (<PREFIX><host tag>-<seq>) of a dead host."""
+    return name.startswith(PREFIX) and stale_host(name[len(PREFIX):].rpartition("-")[0])
 
 
 def _mounts() -> list[tuple[str, str, set[str]]]:
@@ -197,7 +203,7 @@ class Cgroups:
     def __init__(self, version: int, bases: list[Path]):
         self.version, self.bases = version, bases
         self.mechanism = f"cgroup v{version}"
-        self.tag = _host_tag()
+        self.tag = host_tag()
 
     def create(self, memory_mb: int | None, cpus: float | None,
                max_procs: int | None) -> RunCgroup:

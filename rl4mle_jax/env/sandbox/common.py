@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from rl4mle_jax.env.sandbox.local import RawRun
 from rl4mle_jax.env.sandbox.result import ExecResult, classify, signal_name
-from rl4mle_jax.env.sandbox.runfs import mount_run_fs, regular_submission, walk
+from rl4mle_jax.env.sandbox.runfs import mount_run_fs, regular_submission, sweep_run_fs, walk
 
 if TYPE_CHECKING:
     from rl4mle_jax.env.sandbox.limiter import RunLimiter
@@ -61,6 +61,14 @@ class Limits:
         if self.max_procs:
             r["RLIMIT_NPROC"] = int(self.max_procs)
         return r
+
+
+def sweep_leftovers(work_root: Path) -> None:
+    """At backend start: run dirs (tmpfs) of dead hosts and long-unused input staging dirs."""
+    from rl4mle_jax.env.sandbox.staging import sweep_staging
+
+    sweep_run_fs()
+    sweep_staging(work_root)
 
 
 def default_work_root() -> Path:

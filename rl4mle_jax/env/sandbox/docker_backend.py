@@ -1,9 +1,17 @@
 """Docker backend (docker SDK): one throw-away container per run, same contract as bwrap.
 
 The container has no network, a read-only root, all capabilities dropped, no-new-privileges,
-a cgroup memory limit (swap included) and pids limit, RLIMIT_FSIZE, `--init` (so orphans are
-reaped), the workdir bound at /workdir, the data split bound read-only at /workdir/input, and
-<workdir>/tmp as /tmp. The image must provide `python` with whatever libraries programs need.
+`--init` (so orphans are reaped), the workdir bound at /workdir and the data split bound
+read-only at /workdir/input. It runs `python main.py` directly: the witness (launcher.py,
+witness.py) is bwrap/subprocess-only for now, so `evidence` is None here.
+
+The same limits as the other backends, as container options: the container's cgroup bounds
+memory (mem_limit = memswap_limit: no swap), processes (pids_limit) and CPU (nano_cpus = cpus
+cores); RLIMIT_FSIZE per file. Disk: /tmp is a container tmpfs of disk_mb / max_inodes (charged
+to the container's memory); /workdir is a host bind, which is itself a size-limited tmpfs when
+the host process is root (runfs.py) and shares its mount namespace with the Docker daemon;
+otherwise the run dir is bounded per file only. peak_memory_mb is None (the container is gone
+before its cgroup could be read); "oom" comes from Docker's State.OOMKilled.
 """
 
 from __future__ import annotations
@@ -14,8 +22,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from rl4mle_jax.env.sandbox.common import PROGRAM_NAME, Limits, prepare_workdir, sandbox_env
+from rl4mle_jax.env.sandbox.common import (
+    PROGRAM_NAME,
+    Limits,
+    prepare_workdir,
+    sandbox_env,
+    sweep_leftovers,
+)
 from rl4mle_jax.env.sandbox.result import ExecResult, OutputCapture, classify, signal_name
+from rl4mle_jax.env.sandbox.runfs import is_run_fs, regular_submission
 
 CONTAINER_UID = 1000
 LABEL = "rl4mle_jax.sandbox"
@@ -35,6 +50,7 @@ class DockerBackend:
     """Runs programs in Docker containers; `client` may be injected (tests use a fake)."""
 
     name = "docker"
+    mechanism = "docker container cgroup"
 
     def __init__(self, image: str, work_root: Path, client: Any = None):
         if client is None:
@@ -45,6 +61,7 @@ class DockerBackend:
         self.client = client
         self.image = image
         self.work_root = work_root
+        sweep_leftovers(work_root)
 
     def container_config(self, wd: Path, input_dir: Path, limits: Limits,
                          env: dict[str, str] | None) -> dict[str, Any]:
@@ -62,10 +79,13 @@ class DockerBackend:
             environment=sandbox_env(limits.threads, "/usr/local/bin:/usr/bin:/bin", env),
             network_mode="none", read_only=True, cap_drop=["ALL"],
             security_opt=["no-new-privileges"], init=True, ulimits=ulimits,
+            tmpfs={"/tmp": ",".join(["rw", "nosuid", "nodev", "mode=1777"]
+                                    + ([f"size={int(limits.disk_mb)}m"] if limits.disk_mb else [])
+                                    + ([f"nr_inodes={int(limits.max_inodes)}"]
+                                       if limits.max_inodes else []))},
             nano_cpus=int(limits.cpus * 1e9), labels={LABEL: "1"}, detach=True,
             volumes={str(wd): {"bind": "/workdir", "mode": "rw"},
-                     str(Path(input_dir).resolve()): {"bind": "/workdir/input", "mode": "ro"},
-                     str(wd / "tmp"): {"bind": "/tmp", "mode": "rw"}})
+                     str(Path(input_dir).resolve()): {"bind": "/workdir/input", "mode": "ro"}})
         if limits.memory_mb:
             cfg["mem_limit"] = cfg["memswap_limit"] = f"{int(limits.memory_mb)}m"
         if limits.max_procs:
@@ -75,7 +95,8 @@ class DockerBackend:
     def run(self, code: str, input_dir: Path, limits: Limits, env: dict[str, str] | None,
             workdir: Path | None) -> ExecResult:
         owner = CONTAINER_UID if os.geteuid() == 0 else None
-        wd = prepare_workdir(code, workdir, self.work_root, owner=owner)
+        wd = prepare_workdir(code, workdir, self.work_root, owner=owner, limits=limits)
+        disk = "host tmpfs" if is_run_fs(wd) else "per file only (RLIMIT_FSIZE)"
         cfg = self.container_config(wd, input_dir, limits, env)
         container = self.client.containers.create(**cfg)
         t0 = time.monotonic()
@@ -107,8 +128,10 @@ class DockerBackend:
         sub = wd / "submission" / "submission.csv"
         return ExecResult(
             status=status, exit_code=exit_code, duration_s=duration, stdout=out.text(),
-            stderr=err.text(), submission_path=sub, submission_exists=sub.is_file(), workdir=wd,
-            backend=self.name, wall_s=wall,
+            stderr=err.text(), submission_path=sub, submission_exists=regular_submission(wd),
+            workdir=wd, backend=self.name, wall_s=wall,
+            warnings=[f"aggregate limits: {self.mechanism}; run dir bound: {disk}, /tmp: "
+                      "container tmpfs"],
             signal=signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None,
             stdout_bytes=out.total, stderr_bytes=err.total, stdout_truncated=out.truncated,
             stderr_truncated=err.truncated)

@@ -9,17 +9,24 @@
 - `remove_tree`: iterative, fd-relative, linear in entries, indifferent to depth (no PATH_MAX),
   modes 000 and chmod'ed files; a tmpfs run dir is lazily unmounted (instant) and rmdir'ed.
 - `walk`: an iterative os.walk (3.11's recurses) for the trusted input dir.
+A run dir the caller never cleans up is unmounted when the host exits (atexit), and one left by
+a killed host by the next start's `sweep_run_fs` (the mount source names the host).
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import logging
 import os
+import re
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+
+from rl4mle_jax.env.sandbox.cgroups import host_tag, stale_host
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +34,9 @@ _MS_NOSUID, _MS_NODEV = 2, 4
 _MNT_DETACH = 2
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+SOURCE = "rl4mle_run-"
+_EXIT_HOOK: list[bool] = []
+_HOOK_LOCK = threading.Lock()
 
 
 def mount_run_fs(path: Path, disk_mb: int | None, max_inodes: int | None) -> bool:
@@ -38,14 +48,50 @@ def mount_run_fs(path: Path, disk_mb: int | None, max_inodes: int | None) -> boo
         opts.append(f"size={int(disk_mb)}m")
     if max_inodes:
         opts.append(f"nr_inodes={int(max_inodes)}")
-    rc = _libc.mount(b"rl4mle_run", str(path).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
-                     ",".join(opts).encode())
+    with _HOOK_LOCK:
+        if not _EXIT_HOOK:
+            atexit.register(_unmount_ours)
+            _EXIT_HOOK.append(True)
+    rc = _libc.mount(f"{SOURCE}{host_tag()}".encode(), str(path).encode(), b"tmpfs",
+                     _MS_NOSUID | _MS_NODEV, ",".join(opts).encode())
     if rc != 0:
         err = ctypes.get_errno()
         log.warning("sandbox: cannot mount a tmpfs on %s (%s); disk bounded by the watchdog",
                     path, os.strerror(err))
         return False
     return True
+
+
+def _run_mounts() -> list[tuple[str, str]]:
+    """(mount point, host tag) of the run-dir tmpfs mounts in our mount namespace."""
+    out = []
+    try:
+        text = open("/proc/self/mountinfo").read()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        r = right.split()
+        if len(r) >= 2 and r[0] == "tmpfs" and r[1].startswith(SOURCE):
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), left.split()[4])
+            out.append((point, r[1][len(SOURCE):]))
+    return out
+
+
+def _unmount_ours() -> None:
+    tag = host_tag()
+    for point, owner in _run_mounts():
+        if owner == tag:
+            remove_tree(Path(point))
+
+
+def sweep_run_fs() -> int:
+    """Remove run dirs (tmpfs mounts) of hosts that died; returns how many."""
+    n = 0
+    for point, owner in _run_mounts():
+        if stale_host(owner):
+            n += remove_tree(Path(point))
+    return n
 
 
 def is_run_fs(path: Path) -> bool:

@@ -30,6 +30,7 @@ from rl4mle_jax.env.sandbox.common import (
     input_warnings,
     prepare_workdir,
     sandbox_env,
+    sweep_leftovers,
 )
 from rl4mle_jax.env.sandbox.launcher import launcher_argv
 from rl4mle_jax.env.sandbox.limiter import RunLimiter
@@ -80,6 +81,7 @@ class SubprocessBackend:
         self.warnings = list(BASE_WARNINGS)
         self.cgroups, self.cgroup_notes = detect()
         self.mechanism = self.cgroups.mechanism if self.cgroups is not None else "watchdog"
+        sweep_leftovers(work_root)
         if os.geteuid() == 0:
             pool = UidPool()
             uid, fd = pool.acquire()
