@@ -209,7 +209,10 @@ def _untrained(source: str, witness: dict | None, program: InstrumentedProgram,
                scan: Any, trusted: bool, rec: RewardRecord, cfg: RewardConfig) -> str | None:
     """Why a run with a submission counts as "no model training", or None if it trained."""
     if source == "witness":
-        return None if "model_trained" in witness["milestones"] else "no_model_training"
+        if "model_trained" in witness["milestones"]:
+            return None
+        # A fit-like call in the text that never ran (dead code, a string, its own function).
+        return "model_training_not_reached" if program.static_training else "no_model_training"
     if source == "untrusted":
         return "witness_untrusted"
     # No witness: a fit-like call in the code, and its marker printed when markers are trusted.

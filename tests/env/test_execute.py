@@ -273,6 +273,7 @@ def test_no_real_training_never_gets_a_valid_reward(task, sandbox, code):
     run = run_and_grade(code, task, sandbox)
     assert run.grade is not None and run.grade.valid  # the grader alone would pay for it
     assert run.reward.status == "no_model_training", run.reward.to_json()
+    assert run.reward.failure_reason in ("no_model_training", "model_training_not_reached")
     assert run.reward.reward == -10.0 and run.score is None
 
 
@@ -323,12 +324,13 @@ class _ScriptedPolicy:
 ])
 def test_loop_episode_scores_hostile_programs(task, sandbox, code, status):
     tok = _TextTokenizer()
-    ctx = prompts_lib.task_context(task, ["pandas", "scikit-learn"])
+    pcfg = prompts_lib.PromptConfig(max_prompt_tokens=8192, max_response_tokens=4096)
+    ctx = prompts_lib.task_context(task, ["pandas", "scikit-learn"], cfg=pcfg)
     runner = EpisodeRunner(
         task=task, tokenizer=tok, policy=_ScriptedPolicy(f"Plan.\n```python\n{code}```"),
         sandbox=sandbox, instrumenter=Instrumenter("static"), buffer=SolutionBuffer(),
         context=ctx, cfg=EpisodeConfig(timeout_s=60), reward_cfg=RewardConfig(),
-        prompt_cfg=prompts_lib.PromptConfig())
+        prompt_cfg=pcfg)
     exp = asyncio.run(runner(runner.make_request(0)))
     assert exp.record["status"] == status, exp.record
     assert exp.busy_s > 0 and exp.timings["grade_s"] < 2
