@@ -4,6 +4,11 @@ It runs with the sandbox's Python (`-I -S`, so nothing of the environment can ch
 drops to the unprivileged uid (when started as root), forks, sets the resource limits in the
 child only (so the launcher itself can always report), execs the program, and writes one JSON
 line to a status pipe: exit code or signal, the program's own wall-clock and its peak RSS.
+
+With `witness` (the default) the program is started under the witness bootstrap (witness.py):
+the launcher makes a fresh key, hands it over through a pipe read once by the bootstrap, keeps
+the read end of the evidence pipe, verifies every line after the program exits and adds the
+summary to the status line as "evidence".
 """
 
 from __future__ import annotations
@@ -11,9 +16,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rl4mle_jax.env.sandbox.witness import BOOTSTRAP, READER, validate_evidence
+
+_STATUS_MAX = 4000  # bytes; the host keeps the first 4096 of the status pipe
+
 LAUNCHER_SOURCE = r"""
 import json, os, resource, sys, time
 cfg = json.loads(sys.argv[1]); cmd = sys.argv[2:]; sfd = cfg["status_fd"]
+witness = cfg.get("witness")
 if cfg.get("uid") is not None:
     os.setgroups([]); os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
     os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
@@ -23,11 +33,26 @@ try:  # not dumpable: the program (same uid) cannot reach our status pipe via /p
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE; exec resets it for the child
 except Exception:
     pass
+if witness:
+    key = os.urandom(32)
+    kr, kw = os.pipe()
+    os.write(kw, key)
+    os.close(kw)
+    er, ew = os.pipe()
 t0 = time.monotonic()
 pid = os.fork()
 if pid == 0:
     try:
         os.close(sfd)
+        if witness:
+            os.close(er)
+            n = 300 + int.from_bytes(os.urandom(2), "little") % 400
+            k2, e2 = n, n + 1 + int.from_bytes(os.urandom(1), "little")
+            os.dup2(kr, k2)
+            os.dup2(ew, e2)
+            os.close(kr)
+            os.close(ew)
+            cmd = [cmd[0], "-c", cfg["bootstrap"], str(k2), str(e2)] + cmd[1:]
         for name, value in cfg["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (value, value))
         os.execv(cmd[0], cmd)
@@ -43,17 +68,41 @@ while True:
 dt = time.monotonic() - t0
 sig = os.WTERMSIG(st) if os.WIFSIGNALED(st) else None
 code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else -sig
-line = json.dumps({"exit_code": code, "duration_s": dt, "maxrss_kb": ru.ru_maxrss})
+status = {"exit_code": code, "duration_s": dt, "maxrss_kb": ru.ru_maxrss}
+if witness:
+    os.close(kr)
+    os.close(ew)
+    try:
+        status["evidence"] = read_evidence(er, key)
+    except Exception as e:
+        status["evidence"] = {"witness": 1, "verified": False, "forged_lines": 0,
+                              "milestones": [], "libraries": [], "fits": [], "input_reads": [],
+                              "refused": [], "error": "reader: %r" % (e,)}
+line = json.dumps(status)
+while len(line) > STATUS_MAX and witness:
+    ev = status["evidence"]
+    longest = max(("fits", "input_reads", "refused", "libraries"), key=lambda k: len(ev[k]))
+    if not ev[longest]:
+        break
+    ev[longest].pop()
+    line = json.dumps(status)
 os.write(sfd, (line + "\n").encode())
 os._exit(code if code >= 0 else 128 + sig)
 """
+LAUNCHER_SOURCE = READER + f"\nSTATUS_MAX = {_STATUS_MAX}\n" + LAUNCHER_SOURCE
 
 
 def launcher_argv(python: str, program: list[str], *, status_fd: int, rlimits: dict[str, int],
-                  uid: int | None = None, gid: int | None = None) -> list[str]:
-    """argv that runs `program` under the launcher with `python` (a path inside the sandbox)."""
+                  uid: int | None = None, gid: int | None = None,
+                  witness: bool = True) -> list[str]:
+    """argv that runs `program` under the launcher with `python` (a path inside the sandbox).
+
+    witness: start `program` ([python, script, *args]) under the witness bootstrap.
+    """
     cfg: dict[str, Any] = {"status_fd": status_fd, "rlimits": rlimits, "uid": uid,
-                           "gid": gid if gid is not None else uid}
+                           "gid": gid if gid is not None else uid, "witness": bool(witness)}
+    if witness:
+        cfg["bootstrap"] = BOOTSTRAP
     return [python, "-I", "-S", "-c", LAUNCHER_SOURCE, json.dumps(cfg), *program]
 
 
@@ -61,7 +110,11 @@ def parse_status(raw: bytes) -> dict[str, Any] | None:
     """The launcher's status line, or None if it never wrote one (killed, or tampered with)."""
     try:
         d = json.loads(raw.decode().strip().splitlines()[0])
-        return {"exit_code": int(d["exit_code"]), "duration_s": float(d["duration_s"]),
-                "maxrss_kb": int(d["maxrss_kb"])}
+        out = {"exit_code": int(d["exit_code"]), "duration_s": float(d["duration_s"]),
+               "maxrss_kb": int(d["maxrss_kb"])}
+        ev = validate_evidence(d.get("evidence"))
+        if ev is not None:
+            out["evidence"] = ev
+        return out
     except (ValueError, KeyError, IndexError, TypeError, UnicodeDecodeError):
         return None
