@@ -22,16 +22,30 @@ Threat model (what the nonce does and does not stop):
     from the grader, and the no-training verdict also requires a static fit-like call, which no
     printing can fake. (Stronger isolation would need the sandbox to hide the program file,
     e.g. run it from a pipe; see the report.)
+
+Host work on untrusted text is total and linear in its size: `instrument_static` never raises
+(a program it cannot analyse runs unmarked, method "none", with `verification["reason"]`),
+marker placement compiles the result once (and a bounded number of times more only on a rare
+failure), and the patterns that read program output below cannot backtrack.
 """
 
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 import secrets
 from dataclasses import dataclass, field
 
-from rl4mle_jax.env.instrument_static import MILESTONES, Placement, static_placements
+from rl4mle_jax.env.instrument_static import (
+    MILESTONES,
+    Placement,
+    _Analysis,
+    gc_paused,
+    has_training_call,
+    parse_program,
+    static_placements,
+)
 
 MARKER_TAG = "@@MS"
 _NONCE_RE = r"[0-9a-f]{32}"
@@ -62,6 +76,8 @@ def suspects_introspection(code: str) -> bool:
 
 def strip_markers(text: str) -> str:
     """Removes marker text (with any nonce) so that no nonce reaches a prompt."""
+    # Linear: after the literal tag the rest always matches, consuming up to the newline, so no
+    # attempt is retried and no character is read twice.
     return re.sub(rf"{MARKER_TAG}[^\n]*\n?", "", text)
 
 
@@ -80,6 +96,9 @@ def scan_markers(output: str, nonce: str) -> MarkerScan:
         raise ValueError(f"nonce must be 32 lowercase hex characters, got {nonce!r}")
     found: list[str] = []
     valid = forged = 0
+    # Linear: an attempt starts only at "@@MS " and reads the run of non-spaces after it (and
+    # backs off within that run); the next attempt's run begins after a later space, so no run
+    # is read by more than two attempts.
     for m in _MARKER_LINE_RE.finditer(output):
         if m.group(1) == nonce and m.group(2) in MILESTONES:
             valid += 1
@@ -124,9 +143,25 @@ def marker_expr(placeholder: str, milestone: str) -> str:
     return _MARKER_EXPR.replace("{nonce}", placeholder).replace("{milestone}", milestone)
 
 
+def _source_lines(source: str) -> list[bytes]:
+    lines = source.encode().splitlines(keepends=True)
+    if lines and not lines[-1].endswith((b"\n", b"\r")):
+        lines[-1] += b"\n"
+    return lines
+
+
 def _line_indent(lines: list[bytes], node: ast.AST) -> bytes | None:
+    if not 0 < node.lineno <= len(lines):
+        return None
     prefix = lines[node.lineno - 1][: node.col_offset]
     return prefix if prefix.strip() == b"" else None
+
+
+def _expressible(lines: list[bytes], p: Placement) -> bool:
+    """Whether `apply_placements` can write `p` (new lines need a statement that starts its
+    line)."""
+    return p.kind in ("after", "wrap") or (
+        p.kind in ("line_after", "before") and _line_indent(lines, p.node) is not None)
 
 
 def apply_placements(source: str, placements: list[Placement], placeholder: str
@@ -136,9 +171,11 @@ def apply_placements(source: str, placements: list[Placement], placeholder: str
     Raises ValueError when a placement cannot be expressed (e.g. a new line where the statement
     does not start its own line).
     """
-    lines = source.encode().splitlines(keepends=True)
-    if lines and not lines[-1].endswith((b"\n", b"\r")):
-        lines[-1] += b"\n"
+    return _apply(_source_lines(source), placements, placeholder)
+
+
+def _apply(lines: list[bytes], placements: list[Placement], placeholder: str
+           ) -> tuple[str, tuple[int, ...]]:
     col_edits: dict[int, list[tuple[int, bytes]]] = {}
     new_lines: dict[int, list[bytes]] = {}  # after original line k (0 = before the first)
 
@@ -176,39 +213,123 @@ def apply_placements(source: str, placements: list[Placement], placeholder: str
 
     emit_new(0)
     for i, line in enumerate(lines, start=1):
-        for col, text in sorted(col_edits.get(i, []), key=lambda e: -e[0]):
-            line = line[:col] + text + line[col:]
+        edits = col_edits.get(i)
+        if edits:
+            # One pass over the line, however many edits it has; at the same column the edit
+            # given later goes first (as if each were inserted in turn at its column).
+            order = sorted(range(len(edits)), key=lambda j: (edits[j][0], -j))
+            pieces, at = [], 0
+            for j in order:
+                col, text = edits[j]
+                pieces += [line[at:col], text]
+                at = col
+            line = b"".join(pieces) + line[at:]
         out.append(line)
         emit_new(i)
     return b"".join(out).decode(), tuple(inserted)
 
 
-def _compiles(text: str) -> bool:
+def _compile_error(text: str) -> tuple[str, int | None] | None:
+    """None if `text` compiles, else (reason, line of the error if known)."""
     try:
         compile(text, "<instrumented>", "exec", dont_inherit=True)
-        return True
-    except (SyntaxError, ValueError):
-        return False
+        return None
+    except SyntaxError as e:  # also errors only the compiler sees (`return` at module level)
+        return "compile_error", e.lineno
+    except (RecursionError, MemoryError):  # nesting within the parser's limit, not the compiler's
+        return "too_deep", None
+    except (ValueError, OverflowError):
+        return "compile_error", None
 
 
-def place_markers(code: str, placements: list[Placement], placeholder: str
+# Markers per milestone (the first in tree order are kept): each adds ~200 bytes, so a program of
+# n calls to `fit` must not become 20n bytes to compile and run.
+MAX_MARKERS_PER_MILESTONE = 32
+# Recompilations allowed to find placements that break an otherwise compiling program (a rare
+# layout, e.g. a call inside 199 parentheses that a wrap takes to the parser's limit of 200).
+_MAX_RETRIES = 4
+
+
+def _future_start(tree: ast.Module | None) -> tuple[int, int]:
+    """(line, column) where the last `from __future__` import starts; (0, 0) if none."""
+    last = (0, 0)
+    for s in tree.body if tree is not None else []:
+        if isinstance(s, ast.ImportFrom) and s.module == "__future__":
+            last = (s.lineno, s.col_offset)
+    return last
+
+
+def _insertion_point(p: Placement) -> tuple[int, int]:
+    n = p.node
+    return (n.lineno, n.col_offset) if p.kind in ("before", "wrap") else (
+        n.end_lineno, n.end_col_offset)
+
+
+def place_markers(code: str, placements: list[Placement], placeholder: str,
+                  tree: ast.Module | None = None
                   ) -> tuple[str, tuple[int, ...], list[Placement]]:
     """Applies placements, dropping any that would not compile; returns the kept ones too."""
-    def attempt(ps):
-        try:
-            text, ins = apply_placements(code, ps, placeholder)
-        except ValueError:
-            return None
-        return (text, ins) if _compiles(text) else None
+    text, inserted, kept, _ = place_markers_checked(code, placements, placeholder, tree)
+    return text, inserted, kept
 
-    res = attempt(placements)
-    kept = list(placements)
-    if res is None:  # rare (odd layouts): keep the placements that work one by one
-        kept = [p for p in placements if attempt([p]) is not None]
-        res = attempt(kept)
-        if res is None:
-            kept, res = [], (code, ())
-    return res[0], res[1], kept
+
+def place_markers_checked(code: str, placements: list[Placement], placeholder: str,
+                          tree: ast.Module | None = None
+                          ) -> tuple[str, tuple[int, ...], list[Placement], dict]:
+    """`place_markers` plus a record: {"reason", "n_dropped"} when placements were dropped.
+
+    Linear in the size of the program: placements that cannot work are dropped by inspection
+    (no own line, before a `__future__` import, past the per-milestone cap), the result is
+    compiled once, and only when that fails is the program recompiled, at most
+    2 + `_MAX_RETRIES` times in all, each time without the placements at the failing line.
+    reason: placements_dropped (some kept) | placement_failed (none kept) | compile_error or
+    too_deep (the original itself does not compile) | encoding_error.
+    """
+    try:
+        lines = _source_lines(code)
+    except UnicodeError:
+        return code, (), [], {"reason": "encoding_error", "n_dropped": len(placements)}
+    future = _future_start(tree)
+    count: dict[str, int] = {}
+    ok = []
+    for p in placements:
+        if not _expressible(lines, p) or _insertion_point(p) < future:
+            continue
+        if all(count.get(m, 0) >= MAX_MARKERS_PER_MILESTONE for m in p.milestones):
+            continue
+        for m in p.milestones:
+            count[m] = count.get(m, 0) + 1
+        ok.append(p)
+
+    def record(kept, reason=None):
+        n_dropped = len(placements) - len(kept)
+        if reason is None and n_dropped:
+            reason = "placements_dropped" if kept else "placement_failed"
+        return {"reason": reason, "n_dropped": n_dropped} if reason else {}
+
+    text, inserted = _apply(lines, ok, placeholder)
+    err = _compile_error(text)
+    if err is None:
+        return text, inserted, ok, record(ok)
+    orig_err = _compile_error(code)
+    if orig_err is not None:
+        return code, (), [], record([], orig_err[0])
+    for _ in range(_MAX_RETRIES):
+        lineno = err[1]
+        if lineno is None:
+            break
+        # the failing line of the instrumented text as a line of the original (see original_line)
+        before = bisect.bisect_left(inserted, lineno)
+        orig = lineno - before - (before < len(inserted) and inserted[before] == lineno)
+        still = [p for p in ok if not p.node.lineno - 1 <= orig <= p.node.end_lineno + 1]
+        if len(still) == len(ok):
+            break
+        ok = still
+        text, inserted = _apply(lines, ok, placeholder)
+        err = _compile_error(text)
+        if err is None:
+            return text, inserted, ok, record(ok)
+    return code, (), [], record([], "placement_failed")
 
 
 def new_placeholder(code: str) -> str:
@@ -219,16 +340,26 @@ def new_placeholder(code: str) -> str:
 
 
 def instrument_static(code: str) -> InstrumentedProgram:
-    """Markers inserted by syntax-tree analysis; the program is returned unchanged (method
-    "none") when it does not parse."""
-    from rl4mle_jax.env.instrument_static import has_training_call
+    """Markers inserted by syntax-tree analysis. Total: a program that cannot be analysed
+    (see `parse_program`; or it does not compile) is returned unchanged with method "none" and
+    `verification["reason"]`."""
+    with gc_paused():
+        return _instrument_static(code)
 
+
+def _instrument_static(code: str) -> InstrumentedProgram:
     placeholder = new_placeholder(code)
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return InstrumentedProgram(code, code, placeholder, (), "none")
-    text, inserted, kept = place_markers(code, static_placements(tree), placeholder)
+    tree, reason = parse_program(code)
+    if tree is None:
+        return InstrumentedProgram(code, code, placeholder, (), "none",
+                                   verification={"reason": reason})
+    an = _Analysis(tree)
+    trains = has_training_call(tree, an)
+    text, inserted, kept, rec = place_markers_checked(code, static_placements(tree, an),
+                                                      placeholder, tree)
+    if rec.get("reason") in ("compile_error", "too_deep", "encoding_error"):
+        return InstrumentedProgram(code, code, placeholder, (), "none", static_training=trains,
+                                   verification=rec)
     ms = tuple(m for m in MILESTONES if any(m in p.milestones for p in kept))
-    return InstrumentedProgram(code, text, placeholder, ms, "static", inserted,
-                               has_training_call(tree))
+    return InstrumentedProgram(code, text, placeholder, ms, "static", inserted, trains,
+                               verification=rec)

@@ -6,12 +6,16 @@ prints removed, equals the original's (`ast.dump` without positions). The model 
 nonce: from an accepted answer we keep only *where* each print went and place our own nonce
 markers into the original text at those spots, so the executed program is the agent's code
 byte for byte plus markers. Rejected answers fall back to the static instrumenter.
+
+Both texts are untrusted (the program is the policy's, the answer a model's), so verification is
+total and linear: parser failures are named reasons, trees are compared and paired with explicit
+stacks (never `ast.dump` or recursion, whose depth the text chooses), and a marker's text is
+matched with string methods.
 """
 
 from __future__ import annotations
 
 import ast
-import re
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -21,12 +25,21 @@ from rl4mle_jax.env.instrument import (
     InstrumentedProgram,
     instrument_static,
     new_placeholder,
-    place_markers,
+    place_markers_checked,
 )
-from rl4mle_jax.env.instrument_static import MILESTONES, Placement, has_training_call
+from rl4mle_jax.env.instrument_static import (
+    MAX_PROGRAM_CHARS,
+    MILESTONES,
+    Placement,
+    gc_paused,
+    has_training_call,
+    parse_program,
+)
 
 LM_MARKER = "@@MILESTONE"
-_LM_MARKER_RE = re.compile(rf"^\s*{LM_MARKER}:?\s+([A-Za-z_ ]+?)\s*$")
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_ ")
+# An answer is the program plus short print lines; anything much longer is not one.
+MAX_RESPONSE_CHARS = 4 * MAX_PROGRAM_CHARS
 _MILESTONE_HELP = {
     "libraries_imported": "after the imports",
     "data_loaded": "after the input data is read",
@@ -63,10 +76,19 @@ def _marker_milestone(stmt: ast.stmt) -> str | None:
     arg = call.args[0]
     if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
         return None
-    m = _LM_MARKER_RE.match(arg.value)
-    if not m:
+    return _lm_marker_name(arg.value)
+
+
+def _lm_marker_name(text: str) -> str | None:
+    """`"@@MILESTONE[:] <name>"` (whitespace around allowed) -> the milestone, else None."""
+    text = text.strip()
+    if not text.startswith(LM_MARKER):
         return None
-    name = m.group(1).strip().lower().replace(" ", "_")
+    rest = text[len(LM_MARKER):].removeprefix(":")
+    body = rest.lstrip()
+    if not rest[:1].isspace() or not body or not set(body) <= _NAME_CHARS:
+        return None
+    name = body.lower().replace(" ", "_")
     return name if name in MILESTONES else None
 
 
@@ -88,20 +110,41 @@ def _strip_markers(tree: ast.AST) -> list[tuple[ast.AST, str, int, str]]:
     return removed
 
 
-def _pair(a: ast.AST, b: ast.AST, out: dict[int, ast.AST]) -> None:
-    out[id(a)] = b
-    for (_, va), (_, vb) in zip(ast.iter_fields(a), ast.iter_fields(b)):
-        if isinstance(va, ast.AST):
-            _pair(va, vb, out)
-        elif isinstance(va, list):
-            for x, y in zip(va, vb):
-                if isinstance(x, ast.AST):
-                    _pair(x, y, out)
+def _same_tree(a: object, b: object) -> bool:
+    """Whether two trees are equal without positions (what `ast.dump` compares), iteratively."""
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if type(x) is not type(y):  # also tells 1 from 1.0 and True
+            return False
+        if isinstance(x, ast.AST):
+            stack.extend((getattr(x, f, None), getattr(y, f, None)) for f in x._fields)
+        elif isinstance(x, list):
+            if len(x) != len(y):
+                return False
+            stack.extend(zip(x, y))
+        elif x != y:
+            return False
+    return True
+
+
+def _pair(a: ast.AST, b: ast.AST) -> dict[int, ast.AST]:
+    """id of each node of `a` -> the node at the same place in the equal tree `b`."""
+    out, stack = {}, [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        out[id(x)] = y
+        for (_, vx), (_, vy) in zip(ast.iter_fields(x), ast.iter_fields(y)):
+            if isinstance(vx, ast.AST):
+                stack.append((vx, vy))
+            elif isinstance(vx, list):
+                stack.extend((p, q) for p, q in zip(vx, vy) if isinstance(p, ast.AST))
+    return out
 
 
 def _first_difference(a: ast.Module, b: ast.Module) -> str:
     for i, (x, y) in enumerate(zip(a.body, b.body)):
-        if ast.dump(x) != ast.dump(y):
+        if not _same_tree(x, y):
             return f"top-level statement {i + 1} differs (original line {y.lineno})"
     return f"{len(a.body)} top-level statements vs {len(b.body)} in the original"
 
@@ -111,28 +154,53 @@ def verify_lm_instrumentation(code: str, response: str
     """Accepts the model's answer only if it is the original plus marker prints.
 
     Returns (program with our nonce markers at the model's spots, or None; a record with
-    accepted, reason, detail, n_markers).
+    accepted, reason, detail, n_markers). Total: reasons are no_code, too_large, syntax_error,
+    encoding_error, too_deep (of either text: `detail` says which), ast_mismatch, no_markers,
+    placement_failed.
     """
+    with gc_paused():
+        return _verify(code, response)
+
+
+def _verify(code: str, response: str) -> tuple[InstrumentedProgram | None, dict]:
     rec = {"method": "lm", "accepted": False, "reason": None, "detail": "", "n_markers": 0}
-    lm_code = extract_code_block(response)
+    if not isinstance(response, str) or len(response) > MAX_RESPONSE_CHARS:
+        rec.update(reason="too_large" if isinstance(response, str) else "no_code",
+                   detail="the instrumenter's answer is not a program-sized text")
+        return None, rec
+    try:
+        lm_code = extract_code_block(response)
+    except (RecursionError, MemoryError):  # a bare answer too deep to compile
+        rec.update(reason="too_deep", detail="the instrumenter's answer nests too deeply")
+        return None, rec
     if lm_code is None:
         rec.update(reason="no_code", detail="no code in the instrumenter's answer")
         return None, rec
-    try:
-        lm_tree, orig_tree = ast.parse(lm_code), ast.parse(code)
-    except SyntaxError as e:
-        rec.update(reason="syntax_error", detail=f"line {e.lineno}: {e.msg}")
+    orig_tree, why = parse_program(code)
+    if orig_tree is None:
+        rec.update(reason=why, detail=f"the original program: {why}")
+        return None, rec
+    lm_tree, why = parse_program(lm_code)
+    if lm_tree is None:
+        detail = why
+        if why == "syntax_error":
+            try:
+                ast.parse(lm_code)
+            except SyntaxError as e:  # shallow: the parse just failed on it the same way
+                detail = f"line {e.lineno}: {e.msg}"
+            except Exception:  # noqa: BLE001 - only the detail text is at stake
+                pass
+        rec.update(reason=why, detail=detail)
         return None, rec
     removed = _strip_markers(lm_tree)
     rec["n_markers"] = len(removed)
-    if ast.dump(lm_tree) != ast.dump(orig_tree):
+    if not _same_tree(lm_tree, orig_tree):
         rec.update(reason="ast_mismatch", detail=_first_difference(lm_tree, orig_tree))
         return None, rec
     if not removed:
         rec.update(reason="no_markers", detail="no milestone print was inserted")
         return None, rec
-    twin: dict[int, ast.AST] = {}
-    _pair(lm_tree, orig_tree, twin)
+    twin = _pair(lm_tree, orig_tree)
     placements = []
     for parent, fname, idx, ms in removed:
         body = getattr(twin[id(parent)], fname)
@@ -143,9 +211,11 @@ def verify_lm_instrumentation(code: str, response: str
         else:
             placements.append(Placement("before", body[0], (ms,)))
     placeholder = new_placeholder(code)
-    text, inserted, kept = place_markers(code, placements, placeholder)
+    text, inserted, kept, placed = place_markers_checked(code, placements, placeholder,
+                                                         orig_tree)
     if not kept:
-        rec.update(reason="placement_failed", detail="no marker could be placed")
+        rec.update(reason="placement_failed",
+                   detail=f"no marker could be placed ({placed.get('reason')})")
         return None, rec
     rec.update(accepted=True, n_placed=len(kept))
     milestones = tuple(m for m in MILESTONES if any(m in p.milestones for p in kept))
@@ -178,17 +248,22 @@ class Instrumenter:
         return self.chat_template([{"role": "user", "content": text}])
 
     def __call__(self, code: str) -> InstrumentedProgram:
+        """The instrumented program; never raises (failures are `verification["reason"]`)."""
         if self.mode == "none":  # no markers; the static training check still applies
-            try:
-                trains = has_training_call(ast.parse(code))
-            except (SyntaxError, ValueError):
-                trains = False
+            with gc_paused():
+                tree, why = parse_program(code)
+                trains = tree is not None and has_training_call(tree)
             return InstrumentedProgram(code, code, new_placeholder(code), (), "none",
-                                       static_training=trains)
+                                       static_training=trains,
+                                       verification={"reason": why} if why else {})
         if self.mode == "static":
             self._count("static")
             return instrument_static(code)
-        return self.from_lm_response(code, self.generate(self.prompt(code)))
+        try:
+            response = self.generate(self.prompt(code))
+        except Exception as e:  # noqa: BLE001 - the frozen model failing must not end the episode
+            return self.reject(code, "generate_error", type(e).__name__)
+        return self.from_lm_response(code, response)
 
     def from_lm_response(self, code: str, response: str) -> InstrumentedProgram:
         """Verifies an LM answer (e.g. sampled in a batch elsewhere); falls back to static."""
@@ -208,6 +283,8 @@ class Instrumenter:
         self._count(f"lm_rejected_{rec['reason']}")
         fallback = instrument_static(code)
         rec["fallback"] = "static"
+        if fallback.verification.get("reason"):
+            rec["fallback_reason"] = fallback.verification["reason"]
         return InstrumentedProgram(fallback.original, fallback.template, fallback.placeholder,
                                    fallback.milestones, "static_fallback",
                                    fallback.inserted_lines, fallback.static_training, rec)

@@ -10,12 +10,18 @@ instrumented program point at the same line numbers as the agent's own code:
     placements): a new line at the statement's indentation; such lines are recorded so line
     numbers can be mapped back.
 Edits are applied on UTF-8 bytes because `ast` column offsets count bytes.
+
+Program text is untrusted, so every step here is total and linear in its size: `parse_program`
+turns every parser failure into a named reason, and the analysis walks the tree iteratively
+(`ast.walk`, explicit stacks; never `ast.unparse` or recursion on the tree, whose depth the
+program chooses) and matches names with suffix tests instead of regexes.
 """
 
 from __future__ import annotations
 
 import ast
-import re
+import contextlib
+import gc
 from dataclasses import dataclass
 
 MILESTONES: tuple[str, ...] = (
@@ -26,6 +32,9 @@ MILESTONES: tuple[str, ...] = (
     "predictions_made",
     "submission_written",
 )
+# Larger programs are not instrumented (reason "too_large"): the output cap is 256 KiB per
+# stream, and no program the policy writes comes near it.
+MAX_PROGRAM_CHARS = 256 * 1024
 
 # ---------------------------------------------------------------- what counts as an event
 _READ_FUNCS = {
@@ -33,16 +42,20 @@ _READ_FUNCS = {
     "read_pickle", "read_fwf", "read_hdf", "read_text", "read_bytes", "load", "loadtxt",
     "genfromtxt", "fromfile", "imread", "load_dataset", "load_img", "scan_csv",
 }
-_MODEL_NAME_RE = re.compile(
-    r"(Classifier|Regressor|Regression|Model|Estimator|Pipeline|SVC|SVR|NB|Forest|Booster"
-    r"|Ridge|RidgeCV|Lasso|LassoCV|ElasticNet|ElasticNetCV|Perceptron|Neighbors|GBM|Net"
-    r"|Network|SearchCV|LogisticRegressionCV|KMeans|Sequential|Boost)$"
+_MODEL_SUFFIXES = (
+    "Classifier", "Regressor", "Regression", "Model", "Estimator", "Pipeline", "SVC", "SVR", "NB",
+    "Forest", "Booster", "Ridge", "RidgeCV", "Lasso", "LassoCV", "ElasticNet", "ElasticNetCV",
+    "Perceptron", "Neighbors", "GBM", "Net", "Network", "SearchCV", "LogisticRegressionCV",
+    "KMeans", "Sequential", "Boost",
 )
 _MODEL_FUNCS = {"make_pipeline", "Pipeline", "Sequential", "LGBMClassifier", "XGBClassifier"}
+# A class deriving from a base whose text contains one of these defines a model.
+_MODEL_BASE_WORDS = ("Module", "Estimator", "Model", "Classifier", "Regressor")
 # fit on these learns preprocessing, not a model: it does not count as training.
-_TRANSFORMER_RE = re.compile(
-    r"(Scaler|Vectorizer|Encoder|Imputer|Transformer|PCA|SVD|Binarizer|Normalizer|Tokenizer"
-    r"|Selector|SelectKBest|Discretizer|PolynomialFeatures|Split|Fold|Hasher|Embedding)$"
+_TRANSFORMER_SUFFIXES = (
+    "Scaler", "Vectorizer", "Encoder", "Imputer", "Transformer", "PCA", "SVD", "Binarizer",
+    "Normalizer", "Tokenizer", "Selector", "SelectKBest", "Discretizer", "PolynomialFeatures",
+    "Split", "Fold", "Hasher", "Embedding",
 )
 _FIT_METHODS = {"fit", "fit_transform", "fit_predict", "partial_fit", "fit_generator",
                 "train_on_batch", "train"}
@@ -51,6 +64,36 @@ _TORCH_STEP = {("backward", 0), ("step", 0)}
 _PREDICT_METHODS = {"predict", "predict_proba", "predict_log_proba", "decision_function",
                     "inplace_predict"}
 _WRITE_METHODS = {"to_csv", "savetxt", "write_csv", "to_parquet"}
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Pauses the cyclic garbage collector: a syntax tree has no cycles, and the collections that
+    its own allocations trigger traverse every live object (at 256 KB they made parsing ~2x
+    slower and super-linear). Re-enabled by whichever caller had it enabled."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def parse_program(code: str) -> tuple[ast.Module | None, str | None]:
+    """The syntax tree, or None and why: too_large | syntax_error | encoding_error | too_deep."""
+    if not isinstance(code, str):
+        return None, "not_text"
+    if len(code) > MAX_PROGRAM_CHARS:
+        return None, "too_large"
+    try:
+        return ast.parse(code), None
+    except UnicodeError:  # lone surrogates: not encodable as UTF-8 (a ValueError subclass)
+        return None, "encoding_error"
+    except (SyntaxError, ValueError):  # ValueError: NUL bytes on older Pythons
+        return None, "syntax_error"
+    except (RecursionError, MemoryError):  # nesting past the parser's own stack
+        return None, "too_deep"
 
 
 def call_name(call: ast.Call) -> str:
@@ -77,34 +120,124 @@ def _open_mode(call: ast.Call) -> str:
     return "r" if mode is None else "?"
 
 
-def _mentions_submission(call: ast.Call) -> bool:
-    parts = [call.func.value] if isinstance(call.func, ast.Attribute) else []
-    parts += list(call.args) + [kw.value for kw in call.keywords]
-    return any("submission" in ast.unparse(p).lower() for p in parts)
+def _own_texts(node: ast.AST):
+    """The identifiers and string constants of `node` itself (not of its children): the words
+    that `ast.unparse` would print for it."""
+    for name in node._fields:
+        v = getattr(node, name, None)
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, bytes):
+            yield v.decode("latin-1")
+        elif isinstance(v, list):
+            yield from (x for x in v if isinstance(x, str))  # Global/Nonlocal names
+
+
+_BODY_FIELDS = ("body", "orelse", "finalbody", "handlers", "cases")
+_SIMPLE = (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Import, ast.ImportFrom,
+           ast.Delete, ast.Assert, ast.Pass, ast.Global, ast.Nonlocal)
+_LAZY = (ast.Lambda, ast.GeneratorExp)
+# Field-less leaves (Load, Add, ...): shared objects that carry nothing the analysis needs.
+_LEAVES = (ast.expr_context, ast.boolop, ast.operator, ast.unaryop, ast.cmpop)
+
+
+def _names_submission(node: ast.AST) -> bool:
+    """Whether an expression node's own text (a name, attribute, keyword or string) contains
+    "submission" in any case, as `ast.unparse` would print it."""
+    if isinstance(node, ast.Constant):
+        v = node.value
+        return isinstance(v, str | bytes) and (b"submission" if isinstance(v, bytes) else
+                                               "submission") in v.lower()
+    t = node.id if isinstance(node, ast.Name) else node.attr if isinstance(
+        node, ast.Attribute) else node.arg if isinstance(node, ast.keyword | ast.arg) else None
+    return t is not None and "submission" in t.lower()
 
 
 class _Analysis:
-    """Names bound to constructor calls, user-defined model classes, and whether writers name
-    the submission (used to decide which writes count)."""
+    """One pass over the tree: names bound to constructor calls, user-defined model classes,
+    whether writers name the submission (to decide which writes count), and, for each
+    statement, the calls it runs itself.
+
+    The pass is depth first in source order with an explicit stack (the depth is the
+    program's). A statement's own calls are those in its expressions (for a compound
+    statement: in its header, i.e. test, iterator, context managers, decorators), not in a
+    nested statement or an f-string (whose offsets are unsafe to edit); `lazy` marks calls under
+    a lambda or a generator expression, which do not run when the statement runs. Statements
+    are listed breadth first (the order `ast.walk` gives), which decides which assignment of a
+    name counts (the last) and the order of placements.
+    """
 
     def __init__(self, tree: ast.Module):
         self.ctor_of: dict[str, str] = {}
         self.model_classes: set[str] = set()
-        self.any_write_names_submission = False
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef):
-                bases = " ".join(ast.unparse(b) for b in node.bases)
-                if re.search(r"Module|Estimator|Model|Classifier|Regressor", bases):
+        self.calls: list[ast.Call] = []  # every call, including those no statement runs itself
+        self.own_calls: dict[int, list[tuple[ast.Call, bool]]] = {}  # id(stmt) -> (call, lazy)
+        by_depth: list[list[ast.stmt]] = []
+        writes: list[ast.Call] = []
+        order: list[ast.AST] = []  # pre-order: every node after its parent
+        parent: list[int] = []  # index in `order` of each node's parent
+        named: list[int] = []  # nodes whose own text contains "submission"
+        # (node, parent index, statement whose own calls it belongs to or None, lazy, depth)
+        stack: list[tuple] = [(tree, -1, None, False, 0)]
+        while stack:
+            node, par, owner, lazy, depth = stack.pop()
+            i = len(order)
+            order.append(node)
+            parent.append(par)
+            is_stmt = isinstance(node, ast.stmt)
+            if is_stmt:
+                while len(by_depth) <= depth:
+                    by_depth.append([])
+                by_depth[depth].append(node)
+                owner, lazy = node, False
+                self.own_calls[id(node)] = []
+                whole = isinstance(node, _SIMPLE) or not hasattr(node, "body")
+                if isinstance(node, ast.ClassDef) and self._derives_from_model(node):
                     self.model_classes.add(node.name)
-            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                for t in node.targets:
+            elif isinstance(node, ast.Call):
+                self.calls.append(node)
+                if owner is not None:
+                    self.own_calls[id(owner)].append((node, lazy))
+                if call_name(node) in _WRITE_METHODS:
+                    writes.append(node)
+            elif isinstance(node, ast.JoinedStr):
+                owner = None
+            elif _names_submission(node):
+                named.append(i)
+            for f in reversed(node._fields):
+                v = getattr(node, f, None)
+                c_owner = owner if not is_stmt or whole or f not in _BODY_FIELDS else None
+                for c in reversed(v) if isinstance(v, list) else (v,):
+                    if isinstance(c, ast.AST) and not isinstance(c, _LEAVES):
+                        stack.append((c, i, c_owner, lazy or isinstance(c, _LAZY), depth + 1))
+        self.statements = [s for level in by_depth for s in level]  # breadth first
+        for s in self.statements:
+            if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call):
+                for t in s.targets:
                     if isinstance(t, ast.Name):
-                        self.ctor_of[t.id] = call_name(node.value)
-            elif isinstance(node, ast.Call) and call_name(node) in _WRITE_METHODS:
-                self.any_write_names_submission |= _mentions_submission(node)
+                        self.ctor_of[t.id] = call_name(s.value)
+        # a subtree names the submission when one of its nodes does: mark the ancestors
+        mentions = [False] * len(order)
+        for i in named:
+            while i >= 0 and not mentions[i]:
+                mentions[i] = True
+                i = parent[i]
+        self._mentions = {id(order[i]) for i, m in enumerate(mentions) if m}
+        self.any_write_names_submission = any(self.mentions_submission(c) for c in writes)
+
+    @staticmethod
+    def _derives_from_model(node: ast.ClassDef) -> bool:
+        return any(w in t for b in node.bases for n in ast.walk(b) for t in _own_texts(n)
+                   for w in _MODEL_BASE_WORDS)
+
+    def mentions_submission(self, call: ast.Call) -> bool:
+        """Whether the receiver or an argument of `call` names the submission."""
+        parts = [call.func.value] if isinstance(call.func, ast.Attribute) else []
+        parts += list(call.args) + [kw.value for kw in call.keywords]
+        return any(id(p) in self._mentions for p in parts)
 
     def is_model_ctor(self, name: str) -> bool:
-        return bool(_MODEL_NAME_RE.search(name)) or name in _MODEL_FUNCS or (
+        return name.endswith(_MODEL_SUFFIXES) or name in _MODEL_FUNCS or (
             name in self.model_classes)
 
     def receiver_ctor(self, call: ast.Call) -> str | None:
@@ -126,22 +259,22 @@ class _Analysis:
             _is_method(call) and (name, len(call.args)) in _TORCH_STEP)
         if trains:
             recv = self.receiver_ctor(call)
-            if recv is None or not _TRANSFORMER_RE.search(recv):
+            if recv is None or not recv.endswith(_TRANSFORMER_SUFFIXES):
                 if name == "train" and "model_defined" not in out:
                     out.append("model_defined")  # lgb.train / xgb.train build the model
                 out.append("model_trained")
         if _is_method(call) and name in _PREDICT_METHODS:
             out.append("predictions_made")
         if name in _WRITE_METHODS and (
-                _mentions_submission(call) or not self.any_write_names_submission):
+                self.mentions_submission(call) or not self.any_write_names_submission):
             out.append("submission_written")
         return out
 
 
-def has_training_call(tree: ast.Module) -> bool:
+def has_training_call(tree: ast.Module, analysis: _Analysis | None = None) -> bool:
     """Whether any call in the program trains a model (the static half of the no-training test)."""
-    an = _Analysis(tree)
-    return any("model_trained" in an.events(n) for n in ast.walk(tree) if isinstance(n, ast.Call))
+    an = analysis or _Analysis(tree)
+    return any("model_trained" in an.events(n) for n in an.calls)
 
 
 # ---------------------------------------------------------------- placements
@@ -155,52 +288,19 @@ class Placement:
     milestones: tuple[str, ...]
 
 
-_SIMPLE = (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Import, ast.ImportFrom,
-           ast.Delete, ast.Assert, ast.Pass, ast.Global, ast.Nonlocal)
-_LAZY = (ast.Lambda, ast.GeneratorExp)
-
-
-def _calls_in(node: ast.AST, lazy: bool):
-    """Calls in `node` not nested in another statement; `lazy` marks those under a lambda or
-    generator expression (not run when the statement runs)."""
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.stmt) or isinstance(child, ast.JoinedStr):
-            continue  # nested statements are visited on their own; f-string offsets are unsafe
-        child_lazy = lazy or isinstance(child, _LAZY)
-        if isinstance(child, ast.Call):
-            yield child, child_lazy
-        yield from _calls_in(child, child_lazy)
-
-
-def _header_calls(stmt: ast.stmt):
-    """Calls in a compound statement's header (test, iterator, context managers, decorators)."""
-    for field, value in ast.iter_fields(stmt):
-        if field in ("body", "orelse", "finalbody", "handlers", "cases"):
-            continue
-        for v in value if isinstance(value, list) else [value]:
-            if isinstance(v, ast.AST):
-                if isinstance(v, ast.Call):
-                    yield v, False
-                yield from _calls_in(v, isinstance(v, _LAZY))
-
-
-def static_placements(tree: ast.Module) -> list[Placement]:
+def static_placements(tree: ast.Module, analysis: _Analysis | None = None) -> list[Placement]:
     """Marker placements for every milestone event found in the program."""
-    an = _Analysis(tree)
+    an = analysis or _Analysis(tree)
     out: list[Placement] = []
     imports = [s for s in tree.body if isinstance(s, ast.Import | ast.ImportFrom)]
-    if not imports:
-        imports = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)][:1]
+    if not imports:  # the first one, breadth first
+        imports = [s for s in an.statements if isinstance(s, ast.Import | ast.ImportFrom)][:1]
     if imports:
         out.append(Placement("after", imports[-1], ("libraries_imported",)))
-    for stmt in ast.walk(tree):
-        if not isinstance(stmt, ast.stmt):
-            continue
+    for stmt in an.statements:
         simple = isinstance(stmt, _SIMPLE)
-        calls = _calls_in(stmt, False) if simple or not hasattr(stmt, "body") else (
-            _header_calls(stmt))
         after: list[str] = []
-        for call, lazy in calls:
+        for call, lazy in an.own_calls[id(stmt)]:
             ev = tuple(e for e in an.events(call) if e not in after)
             if not ev:
                 continue
