@@ -194,15 +194,15 @@ def _grade_dict(report: Any) -> dict | None:
 def witness_view(evidence: Any) -> dict | None:
     """The witness's report reduced to what the rules use, or None when no witness ran.
 
-    trusted: every evidence line authenticated and no escape attempt was refused. A witness
-    that failed to start (`error`) is treated as absent: the program cannot cause that.
+    trusted: every evidence line authenticated, no escape attempt refused, and the witness ran
+    (a witness that reports an `error` proves nothing, so it earns nothing: safe by default).
     """
-    if not isinstance(evidence, dict) or evidence.get("error"):
+    if not isinstance(evidence, dict):
         return None
     refused = [str(r)[:120] for r in (evidence.get("refused") or [])][:16]
     ms = [m for m in (evidence.get("milestones") or []) if m in MILESTONES]
-    return {"trusted": evidence.get("verified") is True and not refused, "milestones": ms,
-            "refused": refused}
+    trusted = evidence.get("verified") is True and not refused and not evidence.get("error")
+    return {"trusted": trusted, "milestones": ms if trusted else [], "refused": refused}
 
 
 def _untrained(source: str, witness: dict | None, program: InstrumentedProgram,
