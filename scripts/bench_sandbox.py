@@ -7,7 +7,8 @@ Overhead = median wall-clock of `Sandbox.run("pass")` minus the median of a bare
 `python -c pass` with the same interpreter. Throughput runs rounds of N copies of a short
 CPU-bound program at once (asyncio.gather over `Sandbox.arun`) and reports executions per
 second and the mean Δt each program measured for itself (Δt grows once N exceeds the cores,
-which is what the duration-aware gradient must account for).
+which is what the duration-aware gradient must account for). The "limits" column names how the
+run's aggregate limits were enforced (cgroup v2 / cgroup v1 / watchdog; tmpfs run dir as root).
 """
 
 from __future__ import annotations
@@ -111,22 +112,25 @@ def main() -> None:
             bare = bare_python(python, args.repeats)
             walls, dts = sandbox_pass(sb, input_dir, args.repeats)
             tp = {n: throughput(sb, input_dir, n, args.rounds) for n in levels}
-            rows.append((backend, python, _median_ms(bare), _median_ms(walls), _median_ms(dts), tp))
+            mech = getattr(sb._backend, "mechanism", "?")
+            rows.append((backend, python, mech, _median_ms(bare), _median_ms(walls),
+                         _median_ms(dts), tp))
             sb.close()
     finally:
         shutil.rmtree(input_dir, ignore_errors=True)
 
     print(f"\nOverhead per execution (median of {args.repeats}):")
-    print("| backend | interpreter | bare `python -c pass` ms | sandbox run('pass') ms "
+    print("| backend | interpreter | limits | bare `python -c pass` ms | sandbox run('pass') ms "
           "| overhead ms | program Δt ms |")
-    print("|---|---|---|---|---|---|")
-    for backend, python, bare, wall, dt, _ in rows:
-        print(f"| {backend} | {python} | {bare:.0f} | {wall:.0f} | {wall - bare:.0f} | {dt:.0f} |")
+    print("|---|---|---|---|---|---|---|")
+    for backend, python, mech, bare, wall, dt, _ in rows:
+        print(f"| {backend} | {python} | {mech} | {bare:.0f} | {wall:.0f} | {wall - bare:.0f} "
+              f"| {dt:.0f} |")
     print(f"\nThroughput of N concurrent CPU-bound programs ({args.rounds} rounds each; "
           f"each program ~2M-iteration Python loop):")
     print("| backend | interpreter | N | executions/s | wall per round s | mean Δt s |")
     print("|---|---|---|---|---|---|")
-    for backend, python, _, _, _, tp in rows:
+    for backend, python, _, _, _, _, tp in rows:
         for n, (eps, mean_dt, per_round) in tp.items():
             print(f"| {backend} | {python} | {n} | {eps:.2f} | {per_round:.2f} | {mean_dt:.2f} |")
 

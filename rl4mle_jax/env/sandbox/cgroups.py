@@ -159,6 +159,7 @@ class RunCgroup:
                 _write(self.dirs[0] / "cgroup.kill", "1")
             except OSError:
                 pass
+        seen: set[int] = set()
         for _ in range(rounds):
             pids = set()
             for d in self.dirs:
@@ -166,14 +167,15 @@ class RunCgroup:
                     pids.update(int(p) for p in _read(d / "cgroup.procs").split())
                 except OSError:
                     pass
-            if not pids:
+            if not pids - seen:  # nothing new: what is listed is already dying (remove waits)
                 return
-            for pid in pids:
+            for pid in pids - seen:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-            time.sleep(0.002)
+            seen |= pids
+            time.sleep(0.001)
 
     def remove(self, timeout_s: float = 2.0) -> bool:
         """Kill what is left and rmdir; False (and a log line) if a cgroup stays behind."""
