@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -35,10 +34,10 @@ from rl4mle_jax.env.actions import Action
 from rl4mle_jax.env.instrument import (
     InstrumentedProgram,
     scan_markers,
-    strip_markers,
     suspects_introspection,
 )
 from rl4mle_jax.env.instrument_static import MILESTONES
+from rl4mle_jax.env.tracebacks import parse_error
 
 NORMALISATIONS = ("raw", "flipped", "rescaled")
 # Where milestone credit comes from: "witness" (a printed marker with the nonce that the
@@ -137,42 +136,6 @@ def normalise_score(score: float, direction: str, refs: dict, cfg: RewardConfig
     strong = refs.get(cfg.strong_key)
     scale = abs(strong - base) if strong is not None and strong != base else max(abs(base), 1e-8)
     return sign * (score - base) / scale, "rescaled"
-
-
-_FRAME_RE = re.compile(r'^  File "([^"]+)", line (\d+)', re.M)
-_EXC_RE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Stop\w*)"
-                     r"|[A-Za-z_][\w.]*)(?::\s?(.*))?$")
-
-
-def parse_error(stderr: str, program: InstrumentedProgram | None, max_chars: int = 300
-                ) -> dict | None:
-    """Exception type, line (of the agent's original code), its source and the message."""
-    text = strip_markers(stderr)
-    start = text.rfind("Traceback (most recent call last):")
-    if start < 0:
-        return None
-    tb = text[start:]
-    frames = _FRAME_RE.findall(tb)
-    lines = tb.splitlines()
-    exc_line = next((ln for ln in lines[1:] if ln and not ln.startswith((" ", "\t"))
-                     and _EXC_RE.match(ln)), None)
-    if exc_line is None:
-        return None
-    m = _EXC_RE.match(exc_line)
-    msg_lines = [m.group(2) or ""] + [ln for ln in lines[lines.index(exc_line) + 1:] if ln]
-    out = {"type": m.group(1).split(".")[-1], "message": "\n".join(msg_lines).strip()[:max_chars],
-           "line": None, "source": None}
-    if frames:
-        main_file = frames[0][0]  # the outermost frame is the program itself
-        own = [int(n) for f, n in frames if f == main_file]
-        if own:
-            line = own[-1]
-            if program is not None:
-                line = program.original_line(line)
-                src = program.original.splitlines()
-                out["source"] = src[line - 1].strip()[:200] if 0 < line <= len(src) else None
-            out["line"] = line
-    return out
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
