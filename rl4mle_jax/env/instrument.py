@@ -176,7 +176,9 @@ def apply_placements(source: str, placements: list[Placement], placeholder: str
 
 def _apply(lines: list[bytes], placements: list[Placement], placeholder: str
            ) -> tuple[str, tuple[int, ...]]:
-    col_edits: dict[int, list[tuple[int, bytes]]] = {}
+    # line -> [(column, rank, text)]; rank 1: a statement's suffix, which at the same column
+    # goes after the suffix of a wrapped call that ends the statement (`lambda: m.fit()`)
+    col_edits: dict[int, list[tuple[int, int, bytes]]] = {}
     new_lines: dict[int, list[bytes]] = {}  # after original line k (0 = before the first)
 
     def marks(ms):
@@ -185,18 +187,18 @@ def _apply(lines: list[bytes], placements: list[Placement], placeholder: str
     for p in placements:
         n = p.node
         if p.kind == "after":
-            col_edits.setdefault(n.end_lineno, []).append((n.end_col_offset, b"; " + marks(
+            col_edits.setdefault(n.end_lineno, []).append((n.end_col_offset, 1, b"; " + marks(
                 p.milestones)))
         elif p.kind == "wrap":
-            col_edits.setdefault(n.lineno, []).append((n.col_offset, b"("))
+            col_edits.setdefault(n.lineno, []).append((n.col_offset, 0, b"("))
             col_edits.setdefault(n.end_lineno, []).append(
-                (n.end_col_offset, b", " + marks(p.milestones).replace(b"; ", b", ") + b")[0]"))
+                (n.end_col_offset, 0, b", " + marks(p.milestones).replace(b"; ", b", ") + b")[0]"))
         elif p.kind in ("line_after", "before"):
             indent = _line_indent(lines, n)
             if indent is None:
                 raise ValueError(f"statement at line {n.lineno} does not start its line")
             if p.kind == "before" and isinstance(n, ast.stmt) and not hasattr(n, "body"):
-                col_edits.setdefault(n.lineno, []).append((n.col_offset, marks(p.milestones)
+                col_edits.setdefault(n.lineno, []).append((n.col_offset, 0, marks(p.milestones)
                                                            + b"; "))
             else:
                 at = n.end_lineno if p.kind == "line_after" else n.lineno - 1
@@ -215,12 +217,12 @@ def _apply(lines: list[bytes], placements: list[Placement], placeholder: str
     for i, line in enumerate(lines, start=1):
         edits = col_edits.get(i)
         if edits:
-            # One pass over the line, however many edits it has; at the same column the edit
-            # given later goes first (as if each were inserted in turn at its column).
-            order = sorted(range(len(edits)), key=lambda j: (edits[j][0], -j))
+            # One pass over the line, however many edits it has; at the same column and rank
+            # the edit given later goes first (as if each were inserted in turn at its column).
+            order = sorted(range(len(edits)), key=lambda j: (edits[j][0], edits[j][1], -j))
             pieces, at = [], 0
             for j in order:
-                col, text = edits[j]
+                col, _, text = edits[j]
                 pieces += [line[at:col], text]
                 at = col
             line = b"".join(pieces) + line[at:]

@@ -38,7 +38,7 @@ from rl4mle_jax.env.instrument_static import (
 
 LM_MARKER = "@@MILESTONE"
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_ ")
-# An answer is the program plus short print lines; anything much longer is not one.
+# An answer is the program plus print lines (~40 bytes each); anything much longer is not one.
 MAX_RESPONSE_CHARS = 4 * MAX_PROGRAM_CHARS
 _MILESTONE_HELP = {
     "libraries_imported": "after the imports",
@@ -180,9 +180,9 @@ def _verify(code: str, response: str) -> tuple[InstrumentedProgram | None, dict]
     if orig_tree is None:
         rec.update(reason=why, detail=f"the original program: {why}")
         return None, rec
-    lm_tree, why = parse_program(lm_code)
+    lm_tree, why = parse_program(lm_code, MAX_RESPONSE_CHARS)  # the program plus prints
     if lm_tree is None:
-        detail = why
+        detail = f"the instrumenter's answer: {why}"
         if why == "syntax_error":
             try:
                 ast.parse(lm_code)

@@ -80,11 +80,12 @@ def gc_paused():
             gc.enable()
 
 
-def parse_program(code: str) -> tuple[ast.Module | None, str | None]:
+def parse_program(code: str, max_chars: int = MAX_PROGRAM_CHARS
+                  ) -> tuple[ast.Module | None, str | None]:
     """The syntax tree, or None and why: too_large | syntax_error | encoding_error | too_deep."""
     if not isinstance(code, str):
         return None, "not_text"
-    if len(code) > MAX_PROGRAM_CHARS:
+    if len(code) > max_chars:
         return None, "too_large"
     try:
         return ast.parse(code), None
