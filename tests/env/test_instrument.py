@@ -314,3 +314,50 @@ def test_static_instrumentation_only_adds_markers_on_real_code():
             # every reference solution trains, and every milestone is found in it
             assert prog.static_training and prog.milestones == MILESTONES, path
     assert n_marked >= 10
+
+
+# -------------------------------------------------------- iterative rewrites vs references
+def test_a_lazy_call_ending_its_statement_keeps_both_markers(tmp_path):
+    code = "import os\nx = open('input/train.csv'), lambda: m.fit()\n"
+    prog = instrument_static(code)
+    assert prog.method == "static" and prog.verification == {}
+    assert prog.milestones == ("libraries_imported", "data_loaded", "model_trained")
+    res = _run(prog.render(nonce := new_nonce()), tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert scan_markers(res.stdout, nonce).milestones == ("libraries_imported", "data_loaded")
+
+
+def test_tree_comparison_matches_ast_dump():
+    from rl4mle_jax.env.instrument_lm import _same_tree
+
+    codes = [p.read_text() for p in _corpus()]
+    codes += ["x = 1", "x = 1.0", "x = True", "x = 'a'", "x = b'a'", "x = u'a'", "x = (1,)",
+              "f(a, *b, k=1)", "f(a, k=1, *b)", "def f(x=1): pass", "def f(x=2): pass"]
+    trees = [ast.parse(c) for c in codes]
+    for a in trees:
+        for b in trees[-11:]:
+            assert _same_tree(a, b) == (ast.dump(a) == ast.dump(b))
+        assert _same_tree(a, ast.parse(ast.unparse(a))) == (
+            ast.dump(a) == ast.dump(ast.parse(ast.unparse(a))))
+
+
+def test_lm_marker_text_matches_the_regex_it_replaces():
+    import random
+    import re
+
+    from rl4mle_jax.env.instrument_lm import _lm_marker_name
+
+    old = re.compile(r"^\s*@@MILESTONE:?\s+([A-Za-z_ ]+?)\s*$")
+
+    def reference(text):
+        m = old.match(text)
+        name = m.group(1).strip().lower().replace(" ", "_") if m else None
+        return name if name in MILESTONES else None
+
+    atoms = ["@@MILESTONE", ":", " ", "\t", "\n", "\u00a0", "data", "_", "loaded", "x", "!",
+             "Data Loaded", "model_trained", " trained"]
+    rnd = random.Random(0)
+    for _ in range(20000):
+        text = rnd.choice(["", " ", "@@MILESTONE"]) + "".join(
+            rnd.choice(atoms) for _ in range(rnd.randint(0, 6)))
+        assert _lm_marker_name(text) == reference(text), repr(text)
