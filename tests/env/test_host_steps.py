@@ -322,3 +322,24 @@ def test_parse_error_finds_the_program_behind_a_bootstrap(tmp_path):
     assert parse_error(TB + '  File "main.py", line ' + "9" * 50 + "\nE: x\n", None) == {
         "type": "E", "message": "x", "line": None, "source": None}
     assert parse_error(b"Traceback", None) is None and parse_error("", None) is None
+
+
+LM_RESPONSES = {
+    "blank_line": lambda n: " \t" * (n // 2) + "x",
+    "open_fences": lambda n: _lines("```python\n", n),
+    "unclosed_longer_fence": lambda n: "````python\n" + _lines("```\n", n),
+    "fence_then_spaces": lambda n: "```python\n" + " " * n + "\n```",
+}
+
+
+@pytest.mark.parametrize("name", LM_RESPONSES)
+def test_hostile_lm_answer_text_is_linear(name):
+    _assert_linear(lambda r: verify_lm_instrumentation(CODE, r), LM_RESPONSES[name], limit_s=1.0)
+    assert verify_lm_instrumentation(CODE, LM_RESPONSES[name](1000))[1]["reason"]
+
+
+def test_introspection_check_is_linear():
+    from rl4mle_jax.env.instrument import suspects_introspection
+
+    for make in (lambda n: "_" * n, lambda n: _lines("f_bac", n), lambda n: _lines("sys.arg", n)):
+        _assert_linear(suspects_introspection, make, limit_s=0.5)
