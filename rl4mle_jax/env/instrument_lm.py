@@ -208,7 +208,7 @@ def _verify(code: str, response: str) -> tuple[InstrumentedProgram | None, dict]
             prev = body[idx - 1]
             kind = "after" if isinstance(prev, _SIMPLE) else "line_after"
             placements.append(Placement(kind, prev, (ms,)))
-        else:
+        elif body:  # (an empty program has no statement to put a marker next to)
             placements.append(Placement("before", body[0], (ms,)))
     placeholder = new_placeholder(code)
     text, inserted, kept, placed = place_markers_checked(code, placements, placeholder,
@@ -218,6 +218,8 @@ def _verify(code: str, response: str) -> tuple[InstrumentedProgram | None, dict]
                    detail=f"no marker could be placed ({placed.get('reason')})")
         return None, rec
     rec.update(accepted=True, n_placed=len(kept))
+    if placed.get("reason"):
+        rec["placement"] = placed
     milestones = tuple(m for m in MILESTONES if any(m in p.milestones for p in kept))
     return InstrumentedProgram(code, text, placeholder, milestones, "lm", inserted,
                                has_training_call(orig_tree), rec), rec

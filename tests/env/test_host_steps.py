@@ -170,6 +170,13 @@ def test_lm_answers_for_hostile_programs_never_raise():
         assert out.verification["fallback_reason"] in NONE_REASONS
 
 
+def test_markers_in_an_empty_program_place_nothing():
+    for code in ["", "# only a comment\n"]:
+        answer = '```python\nprint("@@MILESTONE data_loaded")\n```'
+        prog, rec = verify_lm_instrumentation(code, answer)
+        assert prog is None and rec["reason"] == "placement_failed"
+
+
 def test_generate_failure_is_a_rejection():
     def boom(prompt):
         raise TimeoutError("frozen copy timed out")
