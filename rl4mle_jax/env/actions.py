@@ -60,7 +60,7 @@ def extract_code_block(text: str) -> str | None:
         try:
             compile(text, "<answer>", "exec", dont_inherit=True)
             return text
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
             return None
     return None
 
@@ -104,4 +104,7 @@ def extract_action(response: str, max_plan_chars: int = 2000) -> Action:
     except ValueError as e:  # e.g. null bytes in the source
         return Action(plan, code, "syntax_error", f"ValueError: {e}", len(blocks),
                       not block.closed)
+    except (RecursionError, MemoryError) as e:  # nesting beyond what CPython compiles
+        return Action(plan, code, "syntax_error", f"{type(e).__name__}: the code is nested too "
+                      "deeply to compile", len(blocks), not block.closed)
     return Action(plan, code, None, None, len(blocks), not block.closed)

@@ -339,3 +339,15 @@ def test_loop_episode_scores_hostile_programs(task, sandbox, code, status):
     if status != "valid":
         assert exp.reward <= -9.4
     assert not _runs_left(sandbox)
+
+
+@pytest.mark.parametrize("code", ["1+" * 100_000 + "1", "-" * 100_000 + "1",
+                                  "x = " + "[" * 5000 + "]" * 5000])
+def test_code_too_deep_to_compile_is_a_named_failure(code):
+    from rl4mle_jax.env.actions import extract_action, extract_code_block
+
+    t0 = time.monotonic()
+    action = extract_action(f"Plan.\n```python\n{code}\n```")
+    assert action.failure == "syntax_error" and action.message, action
+    assert extract_code_block(code) is None
+    assert time.monotonic() - t0 < 10
