@@ -302,6 +302,29 @@ def test_stale_cgroups_of_dead_hosts_are_swept():
     assert not any(d.exists() for d in stale)
 
 
+@needs_root
+def test_join_prefix_puts_the_process_and_its_children_in_every_run_cgroup():
+    """The join writes "0" (v1: to `tasks`, moving only the calling thread: no global lock, no
+    RCU grace period per run); the exec'd program and what it forks must still sit in each."""
+    cg, _ = detect()
+    assert cg is not None, "this machine allows cgroups as root"
+    run = cg.create(64, 1.0, 16)
+    try:
+        if cg.version == 1:
+            assert all(f.name == "tasks" for f in run.join_files())
+        script = "cat /proc/self/cgroup; sh -c 'cat /proc/self/cgroup'"
+        out = subprocess.run([*run.argv_prefix(), "/bin/sh", "-c", script],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        name = run.dirs[0].name
+        lines = out.stdout.splitlines()
+        own = [ln for ln in lines if ln.rpartition(":")[2].endswith("/" + name)]
+        # each process lists one line per hierarchy we joined (v2: the one unified line)
+        assert len(own) == 2 * len(run.dirs), out.stdout
+    finally:
+        assert run.remove()
+
+
 # ----------------------------------------------------------------------------- host inspection
 
 LINKS = """

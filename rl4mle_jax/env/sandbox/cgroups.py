@@ -18,8 +18,18 @@ The dev/CI machine (root in a container): cgroup v1 for memory, pids and cpu is 
 memory cgroup nests under our own, /process_api/<id>); its cgroup2 mount has no controllers, so
 v2 is skipped. Users' servers usually have pure v2 (delegated to the user or not).
 
-The run joins its cgroups before it can fork: its argv starts with `sh -c` that writes its own
-pid into each cgroup.procs and then execs the sandbox (no preexec_fn: runs come from threads).
+The run joins its cgroups before it can fork: its argv starts with `sh -c` that writes "0" (the
+writer itself) into each cgroup and then execs the sandbox (no preexec_fn: runs come from threads).
+In v1 it writes to `tasks`, not `cgroup.procs`: moving a whole process (cgroup.procs, or any pid
+but 0) write-locks the global cgroup_threadgroup_rwsem, and once that lock has been idle for a
+few ms the write waits one RCU grace period (measured here: 8-10 ms per run, wherever the cgroup
+came from; 0.2 ms when another migration ran within ~10 ms). "0" in `tasks` moves only the
+calling thread and takes no global lock (cgroup_procs_write_start: pid 0 and no threadgroup;
+in the 6.18 kernel here, upstream since ~6.2; older kernels lock either way, so nothing is
+lost); the shell is single-threaded, so this moves all of it, and exec keeps it there.
+cgroup2 allows thread moves only inside threaded subtrees, so v2 writes cgroup.procs and pays
+that grace period unless the host mounts cgroup2 with `favordynmods` (cgroup.procs writes then
+take a per-process lock; on kernels >= 6.18 a one-way switch until reboot).
 Cgroups are named rl4mle-<pid namespace>-<host pid>-<host start time>-<seq>; `sweep()` removes
 those of dead hosts in our pid namespace, so a killed host leaks nothing past the next start.
 tmpfs pages the run writes (its run dir, runfs.py) are charged to its memory cgroup.
@@ -43,8 +53,9 @@ CFS_PERIOD_US = 100_000
 _V1_CONTROLLERS = ("memory", "pids", "cpu")
 _SEQ = itertools.count()
 _SEQ_LOCK = threading.Lock()
-# Writes $$ (the shell's pid, which exec keeps) into each cgroup.procs named before "--".
-JOIN_SCRIPT = ('while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
+# Writes 0 (= the writing shell, which exec keeps) into each file named before "--":
+# v1 `tasks` (moves the calling thread, no global lock) or v2 `cgroup.procs` (the process).
+JOIN_SCRIPT = ('while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; '
                'exec "$@"')
 
 
@@ -122,9 +133,13 @@ class RunCgroup:
         self.mem = next((d for d in dirs if (d / ("memory.max" if version == 2 else
                                                   "memory.limit_in_bytes")).exists()), None)
 
+    def join_files(self) -> list[Path]:
+        """Where the run's first process writes "0" to join (see the module docstring)."""
+        name = "tasks" if self.version == 1 else "cgroup.procs"
+        return [d / name for d in self.dirs]
+
     def argv_prefix(self) -> list[str]:
-        return ["/bin/sh", "-c", JOIN_SCRIPT, "sh", *(str(d / "cgroup.procs") for d in self.dirs),
-                "--"]
+        return ["/bin/sh", "-c", JOIN_SCRIPT, "sh", *map(str, self.join_files()), "--"]
 
     def oom_kills(self) -> int:
         if self.mem is None:
