@@ -351,3 +351,39 @@ def test_code_too_deep_to_compile_is_a_named_failure(code):
     assert action.failure == "syntax_error" and action.message, action
     assert extract_code_block(code) is None
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("name", ["sparse", "forger", "constant", "deep_tree", "passwd"])
+def test_cli_run_of_each_class_is_named_bounded_and_leaves_nothing(task, tmp_path, capsys,
+                                                                   monkeypatch, name):
+    """The real command line, one hostile program per class: named -10, no host content."""
+    from rl4mle_jax.env.__main__ import main
+
+    programs = {
+        "sparse": ("import os\nfrom sklearn.linear_model import LogisticRegression\n"
+                   "LogisticRegression().fit([[0], [1]], [0, 1])\n"
+                   "open('submission/submission.csv', 'w').write('id,churn\\n')\n"
+                   "os.truncate('submission/submission.csv', 60 << 20)\n"),
+        "forger": FORGERS[0],
+        "constant": CONSTANT,
+        "deep_tree": ("import os\nos.chdir('tmp')\nfor _ in range(3000):\n    os.mkdir('d')\n"
+                      "    os.chdir('d')\n"),
+        "passwd": _link_program("'/etc/passwd'"),
+    }
+    script = tmp_path / f"{name}.py"
+    script.write_text(programs[name])
+    work_root = tmp_path / "runs"
+    backend = "bwrap" if shutil.which("bwrap") else "subprocess"
+    monkeypatch.setenv("RL4MLE_SANDBOX_ROOT", str(work_root))
+    t0 = time.monotonic()
+    rc = main(["run", "--task", str(task.root), str(script), "--instrument", "static",
+               "--backend", backend, "--timeout", "60"])
+    wall = time.monotonic() - t0
+    out = capsys.readouterr().out
+    rec = json.loads(out)
+    assert rc == 1 and wall < 90
+    assert rec["reward"]["reward"] <= -9.4 and rec["reward"]["failure_reason"], rec["reward"]
+    assert rec["timings"]["grade_s"] < 2.0
+    for line in [*_answers_lines(task, "reward"), "root:x:0:0"]:
+        assert line not in out
+    assert not list(work_root.glob("run_*"))
