@@ -20,6 +20,7 @@ import jax
 from rl4mle_jax.env import prompts as prompts_lib
 from rl4mle_jax.env.actions import extract_action
 from rl4mle_jax.env.execute import arun_and_grade
+from rl4mle_jax.env.metrics import oriented_score
 
 
 @dataclasses.dataclass
@@ -35,13 +36,6 @@ class Candidate:
         """The grader's score where the reward rules call the run valid (trained, graded)."""
         rec = self.reward_split if split == "reward" else self.test_split
         return rec["score"] if rec and rec.get("status") == "valid" else None
-
-
-def signed_score(score: float | None, direction: str) -> float:
-    """The score oriented so that larger is better; a missing score ranks last."""
-    if score is None:
-        return float("-inf")
-    return score if direction == "higher" else -score
 
 
 async def _run_candidates(cands: list[Candidate], task: Any, sandbox: Any, timeout_s: float,
@@ -89,29 +83,27 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
     chat = comps.tokenizer.apply_chat_template if comps.tokenizer.is_chat else None
     count = lambda s: len(comps.tokenizer.encode(s))  # noqa: E731
     max_new = comps.prompt_cfg.max_response_tokens
-    solve_prompt = prompts_lib.build_prompt(comps.context, cfg=comps.prompt_cfg,
-                                            chat_template=chat, count_tokens=count).text
+    kw = dict(cfg=comps.prompt_cfg, chat_template=chat, count_tokens=count)
+    solve_prompt = prompts_lib.solve_prompt(comps.context, **kw).text
     k_solve, k_improve = jax.random.split(rng)
     n_solve = n - n // 2
     cands = _sample_codes(comps, params, [solve_prompt] * n_solve, k_solve, "solve",
                           temperature, max_new)
     asyncio.run(_run_candidates(cands, task, comps.sandbox, timeout, concurrency))
-    seed = max(cands, key=lambda c: signed_score(c.score("reward"), direction))
+    seed = max(cands, key=lambda c: oriented_score(c.score("reward"), direction))
     if n // 2:
-        if seed.score("reward") is not None:
-            outcome = (f"No error detected, you achieved a score of {seed.score('reward'):.6g} "
-                       f"({direction} is better).")
-            prompt, path = prompts_lib.build_prompt(
-                comps.context, earlier_code=seed.code, outcome=outcome, cfg=comps.prompt_cfg,
-                chat_template=chat, count_tokens=count).text, "improve"
+        if seed.score("reward") is not None:  # its outcome: "No error detected, ... score"
+            prompt = prompts_lib.improve_prompt(comps.context, seed.code, seed.reward_split,
+                                                **kw).text
+            path = "improve"
         else:  # nothing to improve on: the second half also starts from scratch
             prompt, path = solve_prompt, "solve"
         more = _sample_codes(comps, params, [prompt] * (n // 2), k_improve, path,
                              temperature, max_new)
         asyncio.run(_run_candidates(more, task, comps.sandbox, timeout, concurrency))
         cands += more
-    pick = max(cands, key=lambda c: signed_score(c.score("reward"), direction))
-    oracle = max(cands, key=lambda c: signed_score(c.score("test"), direction))
+    pick = max(cands, key=lambda c: oriented_score(c.score("reward"), direction))
+    oracle = max(cands, key=lambda c: oriented_score(c.score("test"), direction))
     valid = [c for c in cands if c.score("reward") is not None]
     return {
         "n": len(cands),

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rl4mle_jax.env.execute import run_and_grade
-from rl4mle_jax.evaluate import signed_score
+from rl4mle_jax.env.metrics import oriented_score
 
 
 def brief_eval(result: dict[str, Any]) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def write_best_solution(comps: Any, out_dir: Path, buffer: Any, final: dict[str,
         options.append(("final_best_of_n", pick["code"], pick["reward_score"]))
     if not options:
         return None
-    origin, code, reward_score = max(options, key=lambda o: signed_score(o[2], direction))
+    origin, code, reward_score = max(options, key=lambda o: oriented_score(o[2], direction))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "solution.py").write_text(code)
     run = run_and_grade(code, comps.task, comps.sandbox, split="test", keep_submission=True)

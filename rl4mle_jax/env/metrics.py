@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 LOG_LOSS_EPS = 1e-15
+DIRECTIONS = ("higher", "lower")  # which way a metric's score improves
 
 
 def accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
@@ -174,3 +175,13 @@ def get_metric(name: str) -> Metric:
     if name not in METRICS:
         raise KeyError(f"unknown metric {name!r}; known: {sorted(METRICS)}")
     return METRICS[name]
+
+
+def oriented_score(score: float | None, direction: str) -> float:
+    """The score oriented so that larger is better (negated when lower is better); a missing
+    score ranks last (-inf). The one place in the package that decides a score's sign."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if score is None:
+        return float("-inf")
+    return score if direction == "higher" else -score

@@ -325,3 +325,27 @@ def build_prompt(ctx: TaskContext, *, earlier_code: str | None = None,
         desc_room -= over // 2 + 1
         code_room -= over - over // 2 + 1
     raise ValueError(f"could not fit the prompt into {budget} tokens (last try: {n})")
+
+
+# ---------------------------------------------------------------- the two prompts
+def solve_prompt(ctx: TaskContext, *, cfg: PromptConfig = PromptConfig(),
+                 chat_template: Callable[[list[dict]], str] | None = None,
+                 count_tokens: Callable[[str], int] = approx_token_count) -> Prompt:
+    """The solve prompt (write a solution from scratch): the RL loop, the evaluation and the
+    warm start all render it here."""
+    return build_prompt(ctx, cfg=cfg, chat_template=chat_template, count_tokens=count_tokens)
+
+
+def improve_prompt(ctx: TaskContext, earlier_code: str, outcome: Any, *,
+                   cfg: PromptConfig = PromptConfig(),
+                   chat_template: Callable[[list[dict]], str] | None = None,
+                   count_tokens: Callable[[str], int] = approx_token_count) -> Prompt:
+    """The improve prompt: an earlier solution's (un-instrumented) code and its outcome.
+
+    outcome: the one-line text, or the earlier run's reward record (`format_outcome` of it).
+    """
+    if earlier_code is None:
+        raise ValueError("an improve prompt needs the earlier solution's code")
+    text = outcome if isinstance(outcome, str) or outcome is None else format_outcome(outcome)
+    return build_prompt(ctx, earlier_code=earlier_code, outcome=text, cfg=cfg,
+                        chat_template=chat_template, count_tokens=count_tokens)

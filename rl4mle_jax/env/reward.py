@@ -37,6 +37,7 @@ from rl4mle_jax.env.instrument import (
     suspects_introspection,
 )
 from rl4mle_jax.env.instrument_static import MILESTONES
+from rl4mle_jax.env.metrics import oriented_score
 from rl4mle_jax.env.tracebacks import parse_error
 
 NORMALISATIONS = ("raw", "flipped", "rescaled")
@@ -125,7 +126,7 @@ def normalise_score(score: float, direction: str, refs: dict, cfg: RewardConfig
     """Score in the configured scale; returns (value, normalisation actually used)."""
     if direction not in ("higher", "lower"):
         raise ValueError(f"direction must be 'higher' or 'lower', got {direction!r}")
-    sign = 1.0 if direction == "higher" else -1.0
+    sign = oriented_score(1.0, direction)  # +1 when higher is better, else -1
     if cfg.normalisation == "raw":
         return score, "raw"
     if cfg.normalisation == "flipped":

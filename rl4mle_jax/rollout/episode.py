@@ -92,13 +92,14 @@ class EpisodeRunner:
                 "parent": parent}
 
     def render_prompt(self, request: dict[str, Any]) -> str:
+        """The solve prompt, or the improve prompt on the parent's code and reward record."""
         parent = request.get("parent")
-        prompt = prompts_lib.build_prompt(
-            self.context,
-            earlier_code=parent["code"] if parent else None,
-            outcome=prompts_lib.format_outcome(parent["record"]) if parent else None,
-            cfg=self.prompt_cfg, chat_template=self.chat_template, count_tokens=self.count_tokens)
-        return prompt.text
+        kw = dict(cfg=self.prompt_cfg, chat_template=self.chat_template,
+                  count_tokens=self.count_tokens)
+        if parent:
+            return prompts_lib.improve_prompt(self.context, parent["code"], parent["record"],
+                                              **kw).text
+        return prompts_lib.solve_prompt(self.context, **kw).text
 
     async def __call__(self, request: dict[str, Any]) -> Experience:
         started = time.time()

@@ -1,4 +1,5 @@
-"""Demonstration programs: profiling, generation, real sandbox runs, instrumentation pairs."""
+"""Demonstration programs: profiling, generation (demos), real sandbox runs (demo_runs),
+instrumentation pairs (pairs.py)."""
 
 import ast
 import json
@@ -7,10 +8,11 @@ import shutil
 
 import pytest
 
-from rl4mle_jax.env import demos
 from rl4mle_jax.env.instrument_lm import lm_instrument_prompt, verify_lm_instrumentation
 from rl4mle_jax.env.sandbox import Sandbox
 from rl4mle_jax.env.tasks import load_task, prepare_task
+from rl4mle_jax.warmstart import demo_runs, demos
+from rl4mle_jax.warmstart import pairs as pairs_lib
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +85,7 @@ def _reference(task, name="baseline"):
 def test_demos_run_in_sandbox_and_score_near_reference(task_id, floor, data_root, sandbox):
     task = _task(task_id, data_root)
     progs = demos.generate_programs(task, n=3, seed=0)
-    ds = demos.run_programs(task, progs, sandbox, workers=2, timeout_s=120)
+    ds = demo_runs.run_demos(task, progs, sandbox, workers=2, timeout_s=120)
     assert [d.code for d in ds] == [p.code for p in progs]
     valid = [d for d in ds if d.valid]
     assert len(valid) >= 2, [(d.family, d.status, d.reason) for d in ds]
@@ -108,7 +110,7 @@ def test_failed_program_is_kept_with_reason(data_root, sandbox):
     prog = demos.generate_programs(task, n=1)[0]
     broken = demos.DemoProgram(prog.plan, prog.code.replace('"review"', '"no_such_column"'),
                                prog.family, prog.params)
-    d = demos.run_program(task, broken, sandbox, timeout_s=60)
+    d = demo_runs.run_demo(task, broken, sandbox, timeout_s=60)
     assert not d.valid and d.status == "error" and d.score is None
     assert d.reward == pytest.approx(-10 + 0.1 * len(d.milestones))
     assert "KeyError" in d.reason and "no_such_column" in d.reason
@@ -118,7 +120,7 @@ def test_failed_program_is_kept_with_reason(data_root, sandbox):
 def test_instrumentation_pairs_are_accepted_by_the_verifier(data_root):
     task = _task("telco-churn", data_root)
     codes = [p.code for p in demos.generate_programs(task, n=4)]
-    pairs = demos.instrumentation_pairs(codes)
+    pairs = pairs_lib.instrumentation_pairs(codes)
     assert len(pairs) == 4
     for code, (prompt, answer) in zip(codes, pairs):
         assert prompt == lm_instrument_prompt(code)
@@ -131,14 +133,14 @@ def test_instrumentation_pairs_are_accepted_by_the_verifier(data_root):
 
 
 def test_save_load_roundtrip_and_bad_line(tmp_path):
-    d = demos.Demo("t", "plan.", "print(1)\n", "logistic", {"C": 1.0}, 1.5, "ok", 0.8, True,
+    d = demo_runs.Demo("t", "plan.", "print(1)\n", "logistic", {"C": 1.0}, 1.5, "ok", 0.8, True,
                    None, 0.8, ["model_trained"], "No error detected")
-    demos.save_demos(tmp_path / "d.jsonl", [d, d])
-    assert demos.load_demos(tmp_path / "d.jsonl") == [d, d]
+    demo_runs.save_demos(tmp_path / "d.jsonl", [d, d])
+    assert demo_runs.load_demos(tmp_path / "d.jsonl") == [d, d]
     assert d.response() == "plan.\n\n```python\nprint(1)\n```"
     (tmp_path / "bad.jsonl").write_text(json.dumps(d.to_json()) + "\n{\"nope\": 1}\n")
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: not a demo record"):
-        demos.load_demos(tmp_path / "bad.jsonl")
+        demo_runs.load_demos(tmp_path / "bad.jsonl")
 
 
 def _hand_task(tmp_path, metric, sample_header="id,y", test_header="id,x"):
@@ -170,8 +172,8 @@ def test_profile_errors_name_the_problem(tmp_path):
 def test_lm_instrumented_only_teaches_line_level_answers():
     code = ("import numpy as np\nX = np.load('x.npy')\nmodel = Ridge()\n"
             "if model.fit(X, X[:, 0]) is not None:\n    pass\n")
-    assert demos.lm_instrumented(code) is None  # the fit sits in an `if` header: no line spot
+    assert pairs_lib.lm_instrumented(code) is None  # the fit sits in an `if` header: no line spot
     simple = "import numpy as np\nX = np.load('x.npy')\nmodel = Ridge()\nmodel.fit(X, X[:, 0])\n"
-    out = demos.lm_instrumented(simple)
+    out = pairs_lib.lm_instrumented(simple)
     assert out.splitlines()[1] == 'print("@@MILESTONE libraries_imported")'
     assert 'model.fit(X, X[:, 0])\nprint("@@MILESTONE model_trained")' in out

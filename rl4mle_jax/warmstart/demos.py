@@ -4,22 +4,15 @@ A demo is what an agent would write: read `./input/{train,test,sample_submission
 features, fit a scikit-learn model, write `./submission/submission.csv`. The generator reads the
 task's metric and the public files (columns, dtypes, labels) and composes programs from a
 family (linear, forests, boosting, kNN, naive Bayes, ...), a feature treatment and
-hyper-parameters. Each program is then *run* in the sandbox on the reward split and graded, so
-every record carries its real Δt, status, score and reward; invalid runs are kept (the SFT
-filter chooses). Instrumentation demos pair an original program with the static instrumenter's
-output, rendered with the LM instrumenter's own prompt. No jax here.
+hyper-parameters. Running them (`warmstart.demo_runs`) gives each its real outcome. No jax here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import random
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -57,32 +50,6 @@ class DemoProgram:
     code: str
     family: str
     params: dict
-
-
-@dataclasses.dataclass
-class Demo:
-    """A demonstration program with the outcome of its real sandbox run on the reward split."""
-
-    task_id: str
-    plan: str
-    code: str
-    family: str
-    params: dict
-    duration_s: float | None
-    status: str  # sandbox status: ok, error, timeout, killed, oom
-    score: float | None
-    valid: bool
-    reason: str | None = None  # failure reason (reward record) and the error, if any
-    reward: float | None = None  # the paper's reward, as the RL loop computes it
-    milestones: list = dataclasses.field(default_factory=list)
-    outcome: str = ""  # the one-line outcome an improve prompt shows (prompts.format_outcome)
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def response(self) -> str:
-        """The answer an agent gives: the plan, then one fenced Python block."""
-        return f"{self.plan}\n\n```python\n{self.code.rstrip()}\n```"
 
 
 # ----------------------------------------------------------------------------- profiling
@@ -397,119 +364,3 @@ def generate_programs(task, profile: DataProfile | None = None, n: int = 16, see
         plan = f"{f_plan} Fit {_PLAN_MODEL[family].format(**hp)}. {out_plan}"
         programs.append(DemoProgram(plan, code, family, {**hp, **f_params}))
     return programs
-
-
-# ----------------------------------------------------------------------------- running
-
-
-def default_sandbox(timeout_s: float = 300.0):
-    """The bwrap sandbox when it works here, else the (weaker) subprocess backend."""
-    from rl4mle_jax.env.execute import default_sandbox as make
-
-    return make(timeout_s, cpus=1)
-
-
-def run_program(task, program: DemoProgram, sandbox, split: str = "reward",
-                timeout_s: float | None = None) -> Demo:
-    """Runs one program as an RL episode would (static instrumentation, fresh nonce, sandbox,
-    grader, the paper's reward) and records the outcome."""
-    from rl4mle_jax.env.prompts import format_outcome
-    from rl4mle_jax.env.reward import evaluate_program
-
-    rec = evaluate_program(program.code, task, sandbox, split=split,
-                           timeout_s=timeout_s or task.timeout_s)
-    reason = rec.failure_reason
-    if rec.error:
-        reason = f"{reason}: {rec.error.get('type')}: {rec.error.get('message')}"[:300]
-    return Demo(task.id, program.plan, program.code, program.family, dict(program.params),
-                rec.duration_s, rec.exec_status or "not_run", rec.score, rec.status == "valid",
-                reason, rec.reward, list(rec.milestones), format_outcome(rec))
-
-
-def run_programs(task, programs: Sequence[DemoProgram], sandbox=None, split: str = "reward",
-                 workers: int = 2, timeout_s: float | None = None) -> list[Demo]:
-    """Runs `programs` concurrently (`workers` sandbox slots); results in program order."""
-    sandbox = sandbox or default_sandbox()
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(lambda p: run_program(task, p, sandbox, split, timeout_s),
-                             programs))
-
-
-def make_demos(task, n: int = 16, seed: int = 0, sandbox=None, workers: int = 2,
-               timeout_s: float | None = None) -> list[Demo]:
-    """Generate `n` programs for `task` and run each on its reward split."""
-    return run_programs(task, generate_programs(task, n=n, seed=seed), sandbox,
-                        workers=workers, timeout_s=timeout_s)
-
-
-def save_demos(path: str | os.PathLike, demos: Sequence[Demo]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(d.to_json()) + "\n" for d in demos), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def load_demos(path: str | os.PathLike) -> list[Demo]:
-    out = []
-    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            out.append(Demo(**json.loads(line)))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}:{lineno}: not a demo record ({e})") from None
-    return out
-
-
-# ----------------------------------------------------------------------------- instrumentation
-
-
-def lm_instrumented(code: str) -> str | None:
-    """`code` with `print("@@MILESTONE <step>")` lines where the static instrumenter puts each
-    step's first marker: the answer the LM instrumenter should give. None if a step has no
-    line-level spot (the frozen copy is only taught answers the verifier accepts)."""
-    import ast
-
-    from rl4mle_jax.env.instrument_lm import LM_MARKER
-    from rl4mle_jax.env.instrument_static import MILESTONES, static_placements
-
-    tree = ast.parse(code)
-    first: dict[str, ast.AST] = {}
-    for pl in sorted(static_placements(tree), key=lambda p: (p.node.lineno, p.node.col_offset)):
-        for m in pl.milestones:
-            if m not in first:
-                if pl.kind != "after":
-                    return None
-                first[m] = pl.node
-    lines = code.rstrip("\n").split("\n")
-    inserts: dict[int, list[str]] = {}
-    for m in MILESTONES:
-        if m in first:
-            node = first[m]
-            indent = lines[node.lineno - 1][: node.col_offset]
-            inserts.setdefault(node.end_lineno, []).append(f'{indent}print("{LM_MARKER} {m}")')
-    out = []
-    for i, line in enumerate(lines, start=1):
-        out.append(line)
-        out.extend(inserts.get(i, []))
-    return "\n".join(out) + "\n"
-
-
-def instrumentation_pairs(codes: Sequence[str]) -> list[tuple[str, str]]:
-    """(LM instrumenter prompt, accepted answer) pairs for the frozen copy's fine-tuning.
-
-    The prompt is `lm_instrument_prompt` (the text the instrumenter sends, before any chat
-    template); each answer passes `verify_lm_instrumentation`.
-    """
-    from rl4mle_jax.env.instrument_lm import lm_instrument_prompt, verify_lm_instrumentation
-
-    pairs = []
-    for code in codes:
-        answer_code = lm_instrumented(code)
-        if answer_code is None:
-            continue
-        answer = f"```python\n{answer_code}```"
-        prog, rec = verify_lm_instrumentation(code, answer)
-        if prog is None:
-            raise RuntimeError(f"instrumentation demo rejected by the verifier: {rec}")
-        pairs.append((lm_instrument_prompt(code), answer))
-    return pairs
