@@ -14,15 +14,15 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from rl4mle_jax import models, sharding
+from rl4mle_jax import models, run_config, sharding
 from rl4mle_jax.env import prompts as prompts_lib
 from rl4mle_jax.env.reward import RewardConfig
 from rl4mle_jax.env.sandbox import Sandbox
 from rl4mle_jax.env.tasks import load_task, prepare_task
 from rl4mle_jax.models.tokenizer import load_tokenizer
-from rl4mle_jax.rl.learner_config import LearnerConfig
 from rl4mle_jax.rollout.episode import EpisodeConfig
 from rl4mle_jax.sampling import Sampler
+from rl4mle_jax.warmstart.config import WarmStartConfig
 
 log = logging.getLogger("rl4mle_jax.components")
 
@@ -42,51 +42,64 @@ class Components:
     source: dict  # where the policy came from (hf_dir or warm start stats)
 
 
-def validate_config(config: Any) -> None:
-    """Fails before any work starts, naming the key, on values the run cannot use."""
+def validate_config(config: Any) -> dict[str, Any]:
+    """Fails before any work starts, naming the key, on values the run cannot use.
+
+    Each section is built into the dataclass that owns it (run_config.SECTIONS), which checks
+    its own fields; what spans sections is checked here. Returns the built sections.
+    """
     def need(cond: bool, key: str, msg: str) -> None:
         if not cond:
             raise ValueError(f"config.{key}: {msg}")
 
     need(bool(config.task), "task", "give a local task id or a task directory")
-    need(config.env.backend in ("bwrap", "subprocess", "docker"), "env.backend",
-         f"{config.env.backend!r} is not bwrap|subprocess|docker")
-    need(config.env.timeout_s >= 0, "env.timeout_s", "must be >= 0 (0: the task's own limit)")
-    need(config.run.slots >= 1, "run.slots", "must be >= 1")
-    need(config.run.batch_size >= 1, "run.batch_size", "must be >= 1")
-    need(config.run.max_steps >= 1, "run.max_steps", "must be >= 1")
-    need(config.run.duration_source in ("episode", "execution"), "run.duration_source",
-         f"{config.run.duration_source!r} is not episode|execution")
-    need(0.0 <= config.run.improve_prob <= 1.0, "run.improve_prob", "must be in [0, 1]")
-    need(config.instrument.mode in ("lm", "static", "none"), "instrument.mode",
-         f"{config.instrument.mode!r} is not lm|static|none")
-    need(config.sampling.temperature > 0, "sampling.temperature",
-         "must be > 0 (PPO needs the behaviour distribution)")
-    need(config.sampling.top_p == 1.0 and config.sampling.top_k == 0, "sampling.top_p/top_k",
-         "truncated sampling makes behaviour log-probs differ from the learner's; keep 1.0/0")
-    need(max(config.sampling.prompt_buckets) >= config.prompt.max_prompt_tokens,
-         "sampling.prompt_buckets", f"largest bucket {max(config.sampling.prompt_buckets)} is "
-         f"below prompt.max_prompt_tokens={config.prompt.max_prompt_tokens}")
-    need(config.model.hf_dir or config.warmstart.enabled, "model.hf_dir",
+    built: dict[str, Any] = {}
+    for name, cls in run_config.SECTIONS.items():
+        try:
+            built[name] = run_config.from_section(cls, config[name])
+        except run_config.ConfigError as e:
+            raise ValueError(f"config.{name}.{e.field}: {e.msg}") from e
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"config.{name}: {e}") from e
+    ws = run_config.from_section(run_config.WarmStartSection,
+                                 {k: v for k, v in config.warmstart.items() if k != "settings"})
+    try:
+        WarmStartConfig.from_mapping({**config.warmstart.settings.to_dict(),
+                                      **{k: config.prompt[k]
+                                         for k in run_config.WARMSTART_FROM_PROMPT}})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config.warmstart.settings: {e}") from e
+    samp, prompt, learner, run = (built[k] for k in ("sampling", "prompt", "learner", "run"))
+
+    need(abs(learner.temperature - samp.temperature) < 1e-9, "learner.temperature",
+         f"{learner.temperature} must equal sampling.temperature={samp.temperature} "
+         "(the learner recomputes log-probs at the sampling temperature)")
+    need(max(samp.prompt_buckets) >= prompt.max_prompt_tokens,
+         "sampling.prompt_buckets", f"largest bucket {max(samp.prompt_buckets)} is "
+         f"below prompt.max_prompt_tokens={prompt.max_prompt_tokens}")
+    need(built["model"].hf_dir or ws.enabled, "model.hf_dir",
          "give a Hugging Face directory or enable the warm start")
     try:
-        mesh = sharding.make_mesh(**dict(config.mesh))
+        mesh = sharding.make_mesh(**dataclasses.asdict(built["mesh"]))
     except ValueError as e:
         raise ValueError(f"config.mesh: {e}") from e
     divisor = sharding.batch_divisor(mesh)
-    need(config.run.batch_size % divisor == 0, "run.batch_size",
-         f"{config.run.batch_size} is not a multiple of the mesh's data × fsdp size {divisor} "
+    need(run.batch_size % divisor == 0, "run.batch_size",
+         f"{run.batch_size} is not a multiple of the mesh's data × fsdp size {divisor} "
          f"({len(mesh.devices.flat)} devices); change run.batch_size or config.mesh")
-    for section, cls in (("learner", LearnerConfig), ("reward", RewardConfig)):
-        try:
-            (cls.from_dict(dict(config[section])) if hasattr(cls, "from_dict")
-             else cls(**dict(config[section])))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"config.{section}: {e}") from e
-    learner_temp = config.learner.get("temperature", 1.0)
-    need(abs(learner_temp - config.sampling.temperature) < 1e-9, "learner.temperature",
-         f"{learner_temp} must equal sampling.temperature={config.sampling.temperature} "
-         "(the learner recomputes log-probs at the sampling temperature)")
+    # The learner splits each batch into num_minibatches updates of micro-batches.
+    need(run.batch_size % learner.num_minibatches == 0, "run.batch_size",
+         f"{run.batch_size} is not a multiple of learner.num_minibatches="
+         f"{learner.num_minibatches}")
+    minibatch = run.batch_size // learner.num_minibatches
+    need(not learner.micro_batch_size or minibatch % learner.micro_batch_size == 0,
+         "run.batch_size", f"{run.batch_size} / learner.num_minibatches="
+         f"{learner.num_minibatches} gives minibatches of {minibatch} rows, not a multiple of "
+         f"learner.micro_batch_size={learner.micro_batch_size}")
+    need(learner.advantage_estimator == "gae" or run.batch_size % learner.group_size == 0,
+         "run.batch_size", f"{run.batch_size} is not a multiple of learner.group_size="
+         f"{learner.group_size} ({learner.advantage_estimator} groups consecutive rows)")
+    return built
 
 
 def _prompt_config(config: Any, chat: bool) -> prompts_lib.PromptConfig:
@@ -98,15 +111,13 @@ def _prompt_config(config: Any, chat: bool) -> prompts_lib.PromptConfig:
 
 def build_components(config: Any, workdir: Path) -> Components:
     """Everything a run needs, from a validated config (the warm start is built if missing)."""
-    validate_config(config)
+    sections = validate_config(config)
     data_root = config.data_root or None
     task_path = Path(str(config.task)).expanduser()
     task = (load_task(task_path, data_root) if task_path.exists()
             else prepare_task(str(config.task), data_root))
-    env = config.env
-    timeout_s = float(env.timeout_s or task.timeout_s)
-    sandbox = Sandbox(backend=env.backend, timeout_s=timeout_s, memory_mb=env.memory_mb,
-                      cpus=env.cpus)
+    sandbox = Sandbox(**sections["env"].sandbox_kwargs(task.timeout_s))
+    timeout_s = sandbox.limits.timeout_s
     # What the prompt lists as installed is probed inside the sandbox the programs run in.
     libraries = sorted(prompts_lib.probe_libraries(sandbox, input_dir=task.input_dir("reward")))
     dtype = jnp.dtype(config.model.dtype)
@@ -140,7 +151,7 @@ def build_components(config: Any, workdir: Path) -> Components:
     return Components(
         task=task, tokenizer=tokenizer, model_config=model_config, params=params,
         sampler=sampler, sandbox=sandbox, context=context, prompt_cfg=prompt_cfg,
-        reward_cfg=RewardConfig(**dict(config.reward)),
+        reward_cfg=sections["reward"],
         episode_cfg=EpisodeConfig(improve_prob=config.run.improve_prob, split="reward",
                                   timeout_s=timeout_s,
                                   instrument_timeout_s=config.instrument.timeout_s),

@@ -236,7 +236,8 @@ class _Trainer:
         """Runs on the device lane: batch → old values (and ref log-probs) → train_step."""
         cfg = self.config
         arrays = build_batch(batch, cfg.prompt.max_prompt_tokens, cfg.prompt.max_response_tokens,
-                             self.c.tokenizer.pad_id, cfg.run.duration_source)
+                             self.c.tokenizer.pad_id, cfg.run.duration_source,
+                             cfg.run.duration_floor_s)
         learner, t0 = self.learner, time.perf_counter()
         tokens, mask = arrays["tokens"], arrays["attention_mask"]
         if learner.config.uses_critic:

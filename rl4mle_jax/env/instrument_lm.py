@@ -224,6 +224,10 @@ def _verify(code: str, response: str) -> tuple[InstrumentedProgram | None, dict]
     return InstrumentedProgram(code, text, placeholder, milestones, "lm", inserted,
                                has_training_call(orig_tree), rec), rec
 
+# "lm": the frozen copy inserts the prints (verified, static fallback); "static": AST analysis;
+# "none": no markers.
+INSTRUMENT_MODES = ("lm", "static", "none")
+
 
 class Instrumenter:
     """Chooses the instrumentation method and counts LM acceptances/rejections (thread-safe).
@@ -235,8 +239,9 @@ class Instrumenter:
 
     def __init__(self, mode: str = "static", generate: Callable[[str], str] | None = None,
                  chat_template: Callable[[list[dict]], str] | None = None):
-        if mode not in ("static", "lm", "none"):
-            raise ValueError(f"instrumentation mode must be static|lm|none, got {mode!r}")
+        if mode not in INSTRUMENT_MODES:
+            raise ValueError(f"instrumentation mode must be one of {INSTRUMENT_MODES}, got "
+                             f"{mode!r}")
         if mode == "lm" and generate is None:
             raise ValueError("mode 'lm' needs a generate(prompt) -> text callable (frozen model)")
         self.mode, self.generate, self.chat_template = mode, generate, chat_template

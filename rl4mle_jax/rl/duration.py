@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-DURATION_MODES = ("off", "batch_mean", "log1p")
+from rl4mle_jax.rl.learner_config import DURATION_MODES
 
 
 def _canonical_mode(mode: str) -> str:

@@ -273,7 +273,7 @@ class Learner:
             group_ids_b=batch.get("group_ids"), gamma=cfg.gamma, lam=cfg.lam,
             whiten_advantages=cfg.whiten_advantages)
         weights_b = duration.duration_weights(batch["durations"], cfg.duration_weighting,
-                                              valid_b=valid_b)
+                                              valid_b=valid_b, max_weight=cfg.duration_max_weight)
         rows = {"tokens": tokens, "attention_mask": batch["attention_mask"], "mask": mask,
                 "old_logprobs": old_logprobs, "advantages": advs.advantages_bt,
                 "returns": advs.returns_bt, "weights": weights_b}

@@ -1,15 +1,22 @@
-"""Hyper-parameters of the PPO learner (a frozen dataclass; build it from a ConfigDict)."""
+"""Hyper-parameters of the PPO learner (a frozen dataclass; build it from a ConfigDict).
+
+No JAX here: config files import this module, and the allowed values of every mode live here
+once (rl.ppo, rl.duration and rl.state import them).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from rl4mle_jax.rl import ppo
-
 CRITIC_MODES = ("separate", "shared", "none")
 KL_MODES = ("none", "loss", "reward")
-ADVANTAGE_ESTIMATORS = ("gae", "grpo", "rloo")
+ADVANTAGE_ESTIMATORS = ("gae", "grpo", "rloo")  # rl.advantages registers one function each
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # rl.ppo.aggregate
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")  # rl.ppo.kl_penalty
+ENTROPY_SCHEDULES = ("constant", "linear", "cosine")  # rl.ppo.entropy_coef_schedule
+LR_SCHEDULES = ("constant", "cosine")  # rl.state.make_schedule
+DURATION_MODES = ("off", "batch_mean", "log1p")  # rl.duration; "batch-mean" is accepted too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +62,7 @@ class LearnerConfig:
     lam: float = 1.0
     whiten_advantages: bool | None = None  # None: the estimator's default (gae yes, groups no)
     duration_weighting: str = "batch_mean"  # "off" | "batch_mean" | "log1p"
+    duration_max_weight: float | None = None  # cap on a normalised Δt weight (None: the paper's)
     # Model side.
     critic: str = "separate"  # "separate" | "shared" | "none"
     temperature: float = 1.0  # sampling temperature the behaviour log-probs were taken at
@@ -68,9 +76,16 @@ class LearnerConfig:
         check("critic", CRITIC_MODES)
         check("kl_mode", KL_MODES)
         check("advantage_estimator", ADVANTAGE_ESTIMATORS)
-        check("agg_mode", ppo.AGG_MODES)
-        check("lr_schedule", ("constant", "cosine"))
-        check("duration_weighting", ("off", "batch_mean", "batch-mean", "log1p"))
+        check("agg_mode", AGG_MODES)
+        check("kl_estimator", KL_ESTIMATORS)
+        check("entropy_schedule", ENTROPY_SCHEDULES)
+        check("lr_schedule", LR_SCHEDULES)
+        if self.duration_weighting.replace("-", "_") not in DURATION_MODES:
+            raise ValueError(f"LearnerConfig.duration_weighting={self.duration_weighting!r} is "
+                             f"not one of {DURATION_MODES}")
+        if self.duration_max_weight is not None and not self.duration_max_weight > 0:
+            raise ValueError(f"LearnerConfig.duration_max_weight must be None or > 0, got "
+                             f"{self.duration_max_weight}")
         if self.advantage_estimator == "gae" and self.critic == "none":
             raise ValueError("advantage_estimator='gae' needs a critic; use critic='separate' "
                              "or 'shared', or a group estimator ('grpo', 'rloo')")

@@ -20,8 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+from rl4mle_jax.rl.learner_config import AGG_MODES, ENTROPY_SCHEDULES, KL_ESTIMATORS
 
 Metrics = dict[str, jax.Array]
 
@@ -225,8 +224,7 @@ def entropy_coef_schedule(
     if kind == "cosine":
         alpha = end_coef / init_coef if init_coef else 0.0
         return optax.cosine_decay_schedule(init_coef, decay_steps, alpha=alpha)
-    raise ValueError(f"entropy schedule kind {kind!r} is not one of "
-                     "('constant', 'linear', 'cosine')")
+    raise ValueError(f"entropy schedule kind {kind!r} is not one of {ENTROPY_SCHEDULES}")
 
 
 def kl_penalty(

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rl4mle_jax.rl.learner_config import LR_SCHEDULES
+
 Params = Any
 
 
@@ -34,8 +36,8 @@ def make_schedule(peak_lr: float, warmup_steps: int = 0, total_steps: int = 0,
 
     Steps count optimizer updates (PPO epochs × minibatches per train_step).
     """
-    if kind not in ("constant", "cosine"):
-        raise ValueError(f"lr schedule must be 'constant' or 'cosine', got {kind!r}")
+    if kind not in LR_SCHEDULES:
+        raise ValueError(f"lr schedule must be one of {LR_SCHEDULES}, got {kind!r}")
     if kind == "cosine" and total_steps <= warmup_steps:
         raise ValueError(f"cosine schedule needs total_steps > warmup_steps, got "
                          f"total_steps={total_steps} warmup_steps={warmup_steps}")

@@ -12,9 +12,13 @@ from typing import Any
 
 import numpy as np
 
+# What Δt measures (see episode_durations); the config's run.duration_source is one of these.
+DURATION_SOURCES = ("episode", "execution")
+DURATION_FLOOR_S = 0.05  # the least Δt (a response without runnable code has none)
+
 
 def episode_durations(experiences: Sequence[Any], source: str = "episode",
-                      floor_s: float = 0.05) -> np.ndarray:
+                      floor_s: float = DURATION_FLOOR_S) -> np.ndarray:
     """Δt per episode for the duration-aware weights, float32 [B].
 
     source "episode": the wall-clock from dispatch to return (sampling + instrumentation +
@@ -27,12 +31,13 @@ def episode_durations(experiences: Sequence[Any], source: str = "episode",
     elif source == "execution":
         dt = [e.busy_s for e in experiences]
     else:
-        raise ValueError(f"duration source must be 'episode' or 'execution', got {source!r}")
+        raise ValueError(f"duration source must be one of {DURATION_SOURCES}, got {source!r}")
     return np.maximum(np.asarray(dt, np.float32), floor_s)
 
 
 def build_batch(experiences: Sequence[Any], max_prompt: int, max_response: int, pad_id: int,
-                duration_source: str = "episode") -> dict[str, np.ndarray]:
+                duration_source: str = "episode",
+                duration_floor_s: float = DURATION_FLOOR_S) -> dict[str, np.ndarray]:
     """tokens, attention_mask, response_mask, old_logprobs [B, P+R]; rewards, durations [B]."""
     b, p, t = len(experiences), max_prompt, max_prompt + max_response
     tokens = np.full((b, t), pad_id, np.int32)
@@ -61,5 +66,5 @@ def build_batch(experiences: Sequence[Any], max_prompt: int, max_response: int, 
         "response_mask": response,
         "old_logprobs": old_logprobs,
         "rewards": np.asarray([e.reward for e in experiences], np.float32),
-        "durations": episode_durations(experiences, duration_source),
+        "durations": episode_durations(experiences, duration_source, duration_floor_s),
     }

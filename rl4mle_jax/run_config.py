@@ -1,0 +1,242 @@
+"""The run's config sections as dataclasses, and the ConfigDict sections generated from them.
+
+No JAX here: config files import this module. `configs/*.py` build each section with
+`config_section(Dataclass, **overrides)`, so every field is reachable as
+`--config.SECTION.FIELD=VALUE`; `components.validate_config` builds the dataclasses back with
+`from_section` (each checks its own fields in `__post_init__`) and then checks what spans
+sections.
+
+  section      dataclass                                  owner
+  model        ModelConfig                                here
+  prompt       PromptLimits                               here
+  sampling     SamplingConfig                             here
+  instrument   InstrumentConfig                           here
+  env          SandboxConfig (Sandbox's keyword args)     here, defaults = env.sandbox.Sandbox's
+  reward       RewardConfig                               env/reward.py
+  learner      LearnerConfig                              rl/learner_config.py
+  mesh         MeshConfig                                 here
+  run          RunConfig                                  here
+  warmstart    WarmStartSection                           here
+    .settings  WarmStartConfig (less the token limits)    warmstart/config.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+from ml_collections import config_dict
+
+from rl4mle_jax.env.instrument_lm import INSTRUMENT_MODES
+from rl4mle_jax.env.reward import RewardConfig
+from rl4mle_jax.env.sandbox import BACKENDS
+from rl4mle_jax.env.sandbox.common import Limits
+from rl4mle_jax.rl.learner_config import LearnerConfig
+from rl4mle_jax.rollout.batch import DURATION_FLOOR_S, DURATION_SOURCES
+
+
+class ConfigError(ValueError):
+    """A bad value of one field; `field` names it (validate_config adds the section)."""
+
+    def __init__(self, field: str, msg: str):
+        super().__init__(f"{field}: {msg}")
+        self.field, self.msg = field, msg
+
+
+def _need(cond: bool, field: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(field, msg)
+
+
+# ----------------------------------------------------------------------------- sections
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    hf_dir: str = ""  # a local Hugging Face directory; empty: the warm-started tiny model
+    dtype: str = "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLimits:
+    """Token limits of the agent's prompt and response (the warm start follows them)."""
+
+    max_prompt_tokens: int = 512  # fits the prompt of every local task
+    max_response_tokens: int = 768
+
+    def __post_init__(self):
+        for name in ("max_prompt_tokens", "max_response_tokens"):
+            _need(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """The policy's sampler and its generation service (rollout.service)."""
+
+    temperature: float = 0.7  # the paper's; learner.temperature must equal it
+    top_p: float = 1.0
+    top_k: int = 0
+    prompt_buckets: tuple[int, ...] = (256, 512)
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8)
+    max_batch: int = 4  # requests merged into one sampler call
+    max_wait_s: float = 0.05
+
+    def __post_init__(self):
+        _need(self.temperature > 0, "temperature",
+              "must be > 0 (PPO needs the behaviour distribution)")
+        _need(self.top_p == 1.0 and self.top_k == 0, "top_p" if self.top_p != 1.0 else "top_k",
+              "truncated sampling makes behaviour log-probs differ from the learner's; keep "
+              "top_p=1.0, top_k=0")
+        for name in ("prompt_buckets", "batch_buckets"):
+            b = tuple(getattr(self, name))
+            _need(len(b) > 0 and all(int(x) == x and x >= 1 for x in b), name,
+                  f"must be a non-empty tuple of positive integers, got {b}")
+        _need(self.max_batch >= 1, "max_batch", f"must be >= 1, got {self.max_batch}")
+        _need(self.max_wait_s >= 0, "max_wait_s", f"must be >= 0, got {self.max_wait_s}")
+
+
+@dataclasses.dataclass(frozen=True)
+class InstrumentConfig:
+    """Milestone instrumentation (env.instrument_lm.Instrumenter) by the frozen copy."""
+
+    mode: str = "lm"  # see INSTRUMENT_MODES
+    max_new_tokens: int = 1024
+    temperature: float = 0.2
+    timeout_s: float = 120.0  # no answer by then: static instrumentation instead
+
+    def __post_init__(self):
+        _need(self.mode in INSTRUMENT_MODES, "mode",
+              f"{self.mode!r} is not one of {INSTRUMENT_MODES}")
+        _need(self.max_new_tokens >= 1, "max_new_tokens",
+              f"must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+    """The keyword arguments of env.sandbox.Sandbox, with its defaults (a test keeps them so),
+    except timeout_s: 0 means the task's own limit (task.json)."""
+
+    backend: str = "bwrap"  # see env.sandbox.BACKENDS
+    timeout_s: float = 0.0
+    memory_mb: int | None = 8192
+    cpus: float = 1.0
+    max_procs: int | None = 256
+    max_file_mb: int | None = 1024
+    output_bytes: int = 256 * 1024
+    disk_mb: int | None = 1024
+    max_inodes: int | None = 16384
+
+    def __post_init__(self):
+        _need(self.backend in BACKENDS, "backend", f"{self.backend!r} is not one of {BACKENDS}")
+        _need(self.timeout_s >= 0, "timeout_s", "must be >= 0 (0: the task's own limit)")
+        limits = {k: v for k, v in dataclasses.asdict(self).items() if k != "backend"}
+        try:  # the sandbox's own checks of its limits
+            Limits(**{**limits, "timeout_s": 1.0, "cpus": float(self.cpus)})
+        except ValueError as e:
+            field = str(e).split()[0]
+            raise ConfigError(field if hasattr(self, field) else "limits", str(e)) from None
+
+    def sandbox_kwargs(self, task_timeout_s: float) -> dict[str, Any]:
+        """Sandbox(**these); timeout_s 0 becomes the task's limit."""
+        d = dataclasses.asdict(self)
+        d["timeout_s"] = float(self.timeout_s or task_timeout_s)
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Axis sizes of the device mesh (sharding.make_mesh checks them against the devices)."""
+
+    data: int = -1  # -1: the devices left over
+    fsdp: int = 1
+    tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """The actor-learner loop (train.py)."""
+
+    batch_size: int = 8
+    slots: int = 2  # concurrent episodes (one sandbox CPU each)
+    max_steps: int = 1000
+    time_budget_s: float = 300.0  # RL wall-clock; the paper fixes time, not steps; 0: none
+    improve_prob: float = 0.5
+    max_staleness: int = 4  # policy versions; older episodes are dropped
+    duration_source: str = "episode"  # Δt for the weights, see rollout.batch.DURATION_SOURCES
+    duration_floor_s: float = DURATION_FLOOR_S  # the least Δt
+    buffer_size: int = 16
+    checkpoint_every: int = 2
+    keep_checkpoints: int = 2
+    eval_samples: int = 8  # best-of-N before and after RL
+    progress: bool = True
+
+    def __post_init__(self):
+        for name in ("slots", "batch_size", "max_steps"):
+            _need(getattr(self, name) >= 1, name, "must be >= 1")
+        _need(self.duration_source in DURATION_SOURCES, "duration_source",
+              f"{self.duration_source!r} is not one of {DURATION_SOURCES}")
+        _need(self.duration_floor_s >= 0, "duration_floor_s",
+              f"must be >= 0, got {self.duration_floor_s}")
+        _need(0.0 <= self.improve_prob <= 1.0, "improve_prob", "must be in [0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartSection:
+    """The warm start's switch and cache; its settings are warmstart.WarmStartConfig."""
+
+    enabled: bool = True
+    cache_dir: str = ""  # default: $RL4MLE_WARMSTART or ~/.cache/rl4mle_jax/warmstart
+
+
+# Sections built and checked the same way (warmstart has a nested `settings` of its own).
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig, "prompt": PromptLimits, "sampling": SamplingConfig,
+    "instrument": InstrumentConfig, "env": SandboxConfig, "reward": RewardConfig,
+    "learner": LearnerConfig, "mesh": MeshConfig, "run": RunConfig,
+}
+# Warm-start settings that follow c.prompt instead of being set twice.
+WARMSTART_FROM_PROMPT = ("max_prompt_tokens", "max_response_tokens")
+
+
+# ----------------------------------------------------------------------------- ConfigDict
+def _placeholder_type(hint: Any) -> type:
+    """float for `float | None` (the type a None default can be set to on the command line)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and isinstance(args[0], type):
+            return args[0]
+    return object
+
+
+def config_section(cls: type, exclude: tuple[str, ...] = (), **overrides: Any
+                   ) -> ml_collections.ConfigDict:
+    """Every field of dataclass `cls` (its default, or the override) as a ConfigDict.
+
+    A None default becomes a typed placeholder, so `--config.x.field=VALUE` can set it.
+    """
+    defaults = dataclasses.asdict(cls())
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in exclude]
+    unknown = sorted(set(overrides) - set(names))
+    if unknown:
+        raise KeyError(f"{cls.__name__} has no fields {unknown}; known: {names}")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name in names:
+        v = overrides.get(name, defaults[name])
+        values[name] = config_dict.placeholder(_placeholder_type(hints[name])) if v is None else v
+    return ml_collections.ConfigDict(values)
+
+
+def from_section(cls: type, section: Mapping[str, Any]) -> Any:
+    """The dataclass back from its ConfigDict section (lists from JSON become tuples)."""
+    d = section.to_dict() if hasattr(section, "to_dict") else dict(section)
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    if hasattr(cls, "from_dict"):
+        return cls.from_dict(d)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise KeyError(f"unknown keys {unknown}; known: {sorted(known)}")
+    return cls(**d)

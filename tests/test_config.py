@@ -1,0 +1,252 @@
+"""Configs: generated from the dataclasses that own their fields, every field settable from the
+command line, today's values unchanged, no JAX on import, errors that name the key."""
+
+import dataclasses
+import inspect
+import json
+import subprocess
+import sys
+import types
+import typing
+from pathlib import Path
+
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from configs import ablations, qwen2_5_3b  # noqa: E402
+from configs import task as task_config  # noqa: E402
+from rl4mle_jax import run_config  # noqa: E402
+from rl4mle_jax.env.instrument_lm import INSTRUMENT_MODES  # noqa: E402
+from rl4mle_jax.env.reward import MILESTONE_EVIDENCE, NORMALISATIONS  # noqa: E402
+from rl4mle_jax.env.sandbox import BACKENDS, Sandbox  # noqa: E402
+from rl4mle_jax.rl import learner_config as lc  # noqa: E402
+from rl4mle_jax.rollout.batch import DURATION_SOURCES, build_batch  # noqa: E402
+from rl4mle_jax.warmstart.config import WarmStartConfig  # noqa: E402
+
+# configs/*.py of commit 8174df5 (before the sections were generated), flattened.
+FROZEN = json.loads((Path(__file__).with_name("config_frozen.json")).read_text())
+
+# Allowed values of the string fields that have them (the owners' lists).
+CHOICES = {
+    ("env", "backend"): BACKENDS,
+    ("instrument", "mode"): INSTRUMENT_MODES,
+    ("run", "duration_source"): DURATION_SOURCES,
+    ("reward", "normalisation"): NORMALISATIONS,
+    ("reward", "milestone_evidence"): MILESTONE_EVIDENCE,
+    ("learner", "critic"): lc.CRITIC_MODES,
+    ("learner", "kl_mode"): lc.KL_MODES,
+    ("learner", "advantage_estimator"): lc.ADVANTAGE_ESTIMATORS,
+    ("learner", "agg_mode"): lc.AGG_MODES,
+    ("learner", "kl_estimator"): lc.KL_ESTIMATORS,
+    ("learner", "entropy_schedule"): lc.ENTROPY_SCHEDULES,
+    ("learner", "lr_schedule"): lc.LR_SCHEDULES,
+    ("learner", "duration_weighting"): lc.DURATION_MODES,
+    ("model", "dtype"): ("float32", "bfloat16"),
+    ("warmstart.settings", "sandbox_backend"): ("auto", "bwrap", "subprocess"),
+}
+# Values the walk must not pick (they would make the combined config invalid).
+NOT = {("learner", "advantage_estimator"): ("gae",), ("learner", "critic"): ("none",)}
+# Fields with one allowed value (truncated sampling is refused): they arrive, then are reset.
+ONE_VALUE = {("sampling", "top_p"), ("sampling", "top_k")}
+
+
+def _flatten(config) -> dict:
+    out = {}
+
+    def walk(d, prefix):
+        for k, v in d.items():
+            if hasattr(v, "items"):
+                walk(v, f"{prefix}{k}.")
+            else:
+                out[prefix + k] = v
+    walk(config.to_dict(), "")
+    return json.loads(json.dumps(out))  # tuples as lists, as in the frozen copy
+
+
+def _parse(argv: list[str]):
+    """The real command line: ml_collections' config flag on fresh absl FlagValues."""
+    fv = flags.FlagValues()
+    argv = ["prog", *argv]
+    config_flags.DEFINE_config_file("config", None, "config file", flag_values=fv,
+                                    lock_config=True, sys_argv=argv)
+    fv(argv)
+    return fv.config
+
+
+def _sections():
+    """(section path, dataclass, field names) of every generated section."""
+    out = [(name, cls, [f.name for f in dataclasses.fields(cls)])
+           for name, cls in run_config.SECTIONS.items()]
+    out.append(("warmstart", run_config.WarmStartSection,
+                [f.name for f in dataclasses.fields(run_config.WarmStartSection)]))
+    out.append(("warmstart.settings", WarmStartConfig,
+                [f.name for f in dataclasses.fields(WarmStartConfig)
+                 if f.name not in run_config.WARMSTART_FROM_PROMPT]))
+    return out
+
+
+def _other_value(section: str, name: str, default, hint):
+    """A value of the field's type that differs from its default (valid where we know how)."""
+    if (section, name) in CHOICES:
+        skip = (default, *NOT.get((section, name), ()))
+        return next(v for v in CHOICES[section, name] if v not in skip)
+    if default is None:
+        kind = run_config._placeholder_type(hint)
+        return {float: 0.25, int: 7, bool: True}[kind]
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int):
+        return default + 1
+    if isinstance(default, float):
+        return default + 0.5 if default < 1 else default * 2
+    if isinstance(default, str):
+        return f"x-{name}"
+    if isinstance(default, tuple):
+        if name == "model_overrides":
+            return (("num_hidden_layers", 2),)
+        if name == "milestones":
+            return default[:-1]
+        return (*default, max(default) * 2)
+    raise AssertionError(f"no test value for {section}.{name}={default!r}")
+
+
+def _cli(value) -> str:
+    return repr(value) if isinstance(value, tuple) else str(value)
+
+
+@pytest.mark.parametrize("module", ["configs.task", "configs.qwen2_5_3b", "configs.ablations",
+                                    "rl4mle_jax.run_config", "rl4mle_jax.rl.learner_config"])
+def test_config_import_needs_no_jax(module):
+    code = (f"import sys, {module} as m; getattr(m, 'get_config', lambda: 0)(); "
+            "bad = sorted(k for k in ('jax', 'optax', 'flax') if k in sys.modules); "
+            "assert not bad, bad")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_every_field_is_set_from_the_command_line():
+    base = task_config.get_config()
+    argv, want = [f"--config={ROOT / 'configs' / 'task.py'}"], {}
+    for section, cls, names in _sections():
+        hints = typing.get_type_hints(cls)
+        current = base
+        for part in section.split("."):
+            current = current[part]
+        keys = set(current.keys()) - ({"settings"} if section == "warmstart" else set())
+        assert sorted(keys) == sorted(names), section  # the section is the dataclass
+        for name in names:
+            value = _other_value(section, name, current[name], hints[name])
+            assert value != current[name], f"{section}.{name}"
+            argv.append(f"--config.{section}.{name}={_cli(value)}")
+            want[f"{section}.{name}"] = value
+    for key, value in (("seed", 3), ("task", "pizza"), ("data_root", "/tmp/tasks")):
+        argv.append(f"--config.{key}={value}")
+        want[key] = value
+    assert {"learner.gamma", "learner.lam", "learner.dual_clip_c", "learner.value_clip_eps",
+            "learner.kl_estimator", "learner.remat", "reward.require_training",
+            "learner.duration_max_weight", "run.duration_floor_s"} <= set(want)
+
+    config = _parse(argv)
+    for key, value in want.items():
+        got = config
+        for part in key.split("."):
+            got = got[part]
+        assert got == value and type(got) is type(value), (key, got, value)
+    # ...and each dataclass accepts what arrived.
+    for section, cls, names in _sections():
+        current = config
+        for part in section.split("."):
+            current = current[part]
+        defaults = dataclasses.asdict(cls())
+        values = {k: defaults[k] if (section, k) in ONE_VALUE else v
+                  for k, v in current.items() if k in names}
+        if cls is WarmStartConfig:
+            built = WarmStartConfig.from_mapping(values)
+        else:
+            built = run_config.from_section(cls, values)
+        for name in names:
+            if (section, name) not in ONE_VALUE:
+                assert getattr(built, name) == want[f"{section}.{name}"], (section, name)
+
+
+@pytest.mark.parametrize("name,module", [("task", task_config), ("qwen2_5_3b", qwen2_5_3b),
+                                         ("ablations", ablations)])
+def test_todays_values_are_unchanged(name, module):
+    now, before = _flatten(module.get_config()), FROZEN[name]
+    assert set(before) <= set(now), sorted(set(before) - set(now))
+    for key, value in before.items():
+        assert now[key] == value and type(now[key]) is type(value), (key, now[key], value)
+
+
+def test_sandbox_section_has_the_sandboxs_defaults():
+    params = inspect.signature(Sandbox).parameters
+    for f in dataclasses.fields(run_config.SandboxConfig):
+        if f.name != "timeout_s":  # 0 in a config: the task's own limit
+            assert f.default == params[f.name].default, f.name
+    kwargs = run_config.SandboxConfig(timeout_s=0.0).sandbox_kwargs(task_timeout_s=42.0)
+    assert kwargs["timeout_s"] == 42.0 and set(kwargs) <= set(params)
+
+
+def test_allowed_values_live_once():
+    from rl4mle_jax.rl import advantages, duration, ppo, state
+
+    assert ppo.AGG_MODES is lc.AGG_MODES and ppo.KL_ESTIMATORS is lc.KL_ESTIMATORS
+    assert ppo.ENTROPY_SCHEDULES is lc.ENTROPY_SCHEDULES
+    assert duration.DURATION_MODES is lc.DURATION_MODES
+    assert state.LR_SCHEDULES is lc.LR_SCHEDULES
+    assert set(advantages.ADVANTAGE_ESTIMATORS) == set(lc.ADVANTAGE_ESTIMATORS)
+    assert run_config.BACKENDS is BACKENDS and run_config.INSTRUMENT_MODES is INSTRUMENT_MODES
+    assert run_config.DURATION_SOURCES is DURATION_SOURCES
+
+
+def test_qwen_batch_8_fails_in_validation_naming_the_keys():
+    from rl4mle_jax.components import validate_config
+
+    config = _parse([f"--config={ROOT / 'configs' / 'qwen2_5_3b.py'}:/models/qwen",
+                     "--config.run.batch_size=8"])
+    with pytest.raises(ValueError) as e:
+        validate_config(config)
+    msg = str(e.value)
+    for key in ("config.run.batch_size", "learner.num_minibatches=4",
+                "learner.micro_batch_size=8"):
+        assert key in msg, msg
+    config.run.batch_size = 32
+    validate_config(config)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("env.memory_mb", 8, "config.env.memory_mb"),
+    ("env.timeout_s", -1.0, "config.env.timeout_s"),
+    ("run.duration_source", "wall", "config.run.duration_source"),
+    ("run.duration_floor_s", -0.1, "config.run.duration_floor_s"),
+    ("instrument.mode", "regex", "config.instrument.mode"),
+    ("sampling.top_k", 40, "config.sampling.top_k"),
+    ("learner.kl_estimator", "k4", "config.learner"),
+    ("learner.duration_weighting", "linear", "config.learner"),
+    ("learner.duration_max_weight", 0.0, "config.learner"),
+    ("reward.milestone_evidence", "text", "config.reward"),
+    ("learner.num_minibatches", 3, "config.run.batch_size"),
+])
+def test_bad_values_name_the_key(key, value, message):
+    from rl4mle_jax.components import validate_config
+
+    config = task_config.get_config()
+    config.mesh.data = 1
+    config.update_from_flattened_dict({key: value})
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        validate_config(config)
+
+
+def test_duration_floor_reaches_the_batch():
+    exps = [types.SimpleNamespace(episode_id=i, prompt_ids=[1], response_ids=[2], logprobs=[0.0],
+                                  reward=0.0, busy_s=busy, started_at=0.0, finished_at=1.0)
+            for i, busy in enumerate((0.0, 2.0))]
+    default = build_batch(exps, 2, 2, 0, "execution")["durations"]
+    assert default.tolist() == pytest.approx([0.05, 2.0])
+    floored = build_batch(exps, 2, 2, 0, "execution", duration_floor_s=0.5)["durations"]
+    assert floored.tolist() == pytest.approx([0.5, 2.0])
