@@ -30,9 +30,10 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rl4mle_jax.env.tasks import Task
+if TYPE_CHECKING:  # only for annotations: the grader does not import the task loader
+    from rl4mle_jax.env.tasks import Task
 
 # Named failure reasons (the `reason` field of an invalid GradeReport).
 REASONS = (

@@ -265,9 +265,9 @@ def load_task_dir(path: Path, data_root: Path | None = None) -> Task:
 
 def list_tasks() -> list[str]:
     """Ids of the local task suite (built from data inside installed packages)."""
-    from rl4mle_jax.env.datasets import REGISTRY
+    from rl4mle_jax.env.suite import local_task_ids
 
-    return sorted(REGISTRY)
+    return local_task_ids()
 
 
 def prepare_task(task_id: str, data_root: str | Path | None = None, *, force: bool = False,
@@ -291,9 +291,9 @@ def load_task(path_or_id: str | Path, data_root: str | Path | None = None) -> Ta
     if p.exists():
         return load_task_dir(p, data_root=root)
     name = str(path_or_id)
-    from rl4mle_jax.env.datasets import REGISTRY
+    from rl4mle_jax.env.suite import LOCATIONS
 
-    if name in REGISTRY:
+    if name in LOCATIONS:
         return prepare_task(name, root)
     if (root / name / "task.json").exists():
         return load_task_dir(root / name, data_root=root)
@@ -306,4 +306,4 @@ def load_task(path_or_id: str | Path, data_root: str | Path | None = None) -> Ta
         raise TaskSpecError(f"MLE-bench task {name!r} is not prepared at {cand}; run MLE-bench's "
                             f"`mlebench prepare -c {name}` or pass the directory path")
     raise TaskSpecError(f"unknown task {name!r}: not a directory, not a local task "
-                        f"({', '.join(sorted(REGISTRY))}), not an MLE-bench spec")
+                        f"({', '.join(sorted(LOCATIONS))}), not an MLE-bench spec")

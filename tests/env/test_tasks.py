@@ -257,3 +257,20 @@ def test_mlebench_specs():
         assert spec["answers_file"] in ("test.csv", "answers.csv"), cid
     with pytest.raises(TaskSpecError, match="no task.json and no MLE-bench spec"):
         mlebench.spec_for("some-other-competition", __import__("pathlib").Path("/tmp"))
+
+
+def test_listing_and_loading_by_id_do_not_import_the_builders():
+    import subprocess
+    import sys
+
+    code = ("import sys; from rl4mle_jax.env import tasks; ids = tasks.list_tasks(); "
+            "assert 'food-reviews' in ids; "
+            "bad = [m for m in sys.modules if 'datasets' in m or 'baselines' in m]; "
+            "assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    from rl4mle_jax.env.datasets import REGISTRY
+    from rl4mle_jax.env.suite import local_task_ids
+
+    assert sorted(REGISTRY) == local_task_ids()

@@ -15,20 +15,11 @@ from rl4mle_jax.env.datasets.common import (
     is_current,
     write_local_task,
 )
-from rl4mle_jax.env.datasets.images import DIGITS, MNIST
-from rl4mle_jax.env.datasets.regression import (
-    DIAMONDS_CUT,
-    DIAMONDS_PRICE,
-    HOTEL_RATES,
-    MEATS_COMPOSITION,
-)
-from rl4mle_jax.env.datasets.tabular import EMAIL_SPAM, LEAF_SPECIES, TELCO_CHURN
-from rl4mle_jax.env.datasets.text import FOOD_REVIEWS, TWEET_SOURCE
+from rl4mle_jax.env.suite import LOCATIONS, get
 
-REGISTRY: dict[str, LocalTask] = {
-    d.id: d for d in [FOOD_REVIEWS, TWEET_SOURCE, LEAF_SPECIES, EMAIL_SPAM, TELCO_CHURN,
-                      DIAMONDS_PRICE, DIAMONDS_CUT, HOTEL_RATES, MEATS_COMPOSITION, DIGITS, MNIST]
-}
+REGISTRY: dict[str, LocalTask] = {tid: get(tid) for tid in LOCATIONS}
+# Every definition is where the registry says (the registry is what tasks.py reads).
+assert all(d.id == tid for tid, d in REGISTRY.items()), "env/suite.py is out of date"
 
 
 def _reference_scores(task, digest: str, reference: str) -> dict:
