@@ -193,7 +193,12 @@ def _untrained(source: str, witness: dict | None, program: InstrumentedProgram,
 def compute_reward(action: Action | None, program: InstrumentedProgram | None, exec_result: Any,
                    grade_report: Any, nonce: str | None, cfg: RewardConfig = RewardConfig(),
                    timeout_s: float | None = None) -> RewardRecord:
-    """Reward and its record for one episode (see the module docstring for the rules)."""
+    """Reward and its record for one episode (see the module docstring for the rules).
+
+    Paper, environment instrumentation: r = −10 + 0.1 · #milestones for a failure, −10 for a
+    submission without model training, the grader's score (sign flipped when lower is better)
+    for a valid submission; constants in `RewardConfig`. Milestones count only with evidence.
+    """
     if action is not None and not action.ok:
         return RewardRecord(cfg.failure_reward, "failure", action.failure,
                             normalisation=cfg.normalisation,

@@ -65,6 +65,9 @@ def gae(
 ) -> Advantages:
     """GAE by a reverse scan over time; masked positions pass the carry through unchanged.
 
+    Schulman et al. 2016 ("High-Dimensional Continuous Control Using Generalized Advantage
+    Estimation"), eq. 16; γ = λ = 1 by default, so A_t = R − V_t for the one terminal reward.
+
     δ_t = r_t + γ V_next − V_t,  A_t = δ_t + γλ A_next, where "next" is the next response
     token of the row (V_next = A_next = 0 after the last one). Returns = A + V.
     """
@@ -128,6 +131,9 @@ def group_advantages(
     normalize_std: bool = True,
 ) -> jax.Array:
     """Per-episode advantages [B] from a group baseline; groups of one get advantage 0.
+
+    "grpo": (s − mean_group) / std_group (Shao et al. 2024, DeepSeekMath); "rloo": s minus the
+    mean of the other members (Ahmadian et al. 2024).
 
     grpo: (r − mean_group)/(std_group + eps) (std unbiased; normalize_std=False skips it);
     rloo: r − mean of the other members of the group.

@@ -39,6 +39,12 @@ def duration_weights(
 ) -> jax.Array:
     """Per-sample DAG weights [B] (float32) that average to 1 over the valid rows.
 
+    Paper ("Reinforcement Learning for Machine Learning Engineering Agents", ICLR 2026),
+    duration-aware gradient: ∇J = E[Σ_k Δt_k · ∇log π(a_k|s_k) · Â(s_k, a_k)], with Δt_k
+    rescaled by the batch mean ("batch_mean"). What Δt is (the episode's dispatch-to-return
+    wall-clock by default, or the program's execution time) is `run.duration_source`, defined
+    once in `rollout.batch.episode_durations`. The weight enters the loss in `ppo.aggregate`.
+
     Args:
       durations_b: execution time Δt of each episode in seconds, >= 0.
       mode: "off", "batch_mean" (the paper's) or "log1p"; "batch-mean" is accepted too.

@@ -111,6 +111,9 @@ def policy_loss(
 ) -> tuple[jax.Array, Metrics]:
     """Clipped PPO surrogate, ratio against the behaviour log-probs recorded at sampling time.
 
+    PPO's L^CLIP (Schulman et al. 2017, eq. 7), with asymmetric clipping (clip_eps_high) and
+    the dual clip for negative advantages (Ye et al. 2020); the paper trains with PPO, ε = 0.2.
+
     ℓ_t = max(−A·r, −A·clip(r, 1−ε, 1+ε_high)) with r = exp(clip(logp − old, ±log_ratio_clip));
     with dual clip (c > 1, e.g. 3) tokens with A < 0 use min(ℓ_t, −A·c) so a huge ratio on a bad
     token cannot blow the loss up. `sample_weights_b` (DAG weights) act as in `aggregate`.
@@ -159,7 +162,11 @@ def value_loss(
     agg_mode: str = "token-mean",
     normalizer: jax.Array | float | None = None,
 ) -> tuple[jax.Array, Metrics]:
-    """Clipped value loss 0.5·max((v − R)², (clip(v, v_old ± ε_v) − R)²); ε_v None: unclipped."""
+    """Clipped value loss 0.5·max((v − R)², (clip(v, v_old ± ε_v) − R)²); ε_v None: unclipped.
+
+    PPO's value term (Schulman et al. 2017, eq. 9) with the value clipping of OpenAI's ppo2
+    (examined in Engstrom et al. 2020, §3).
+    """
     _check_bt("values_bt", values_bt, values_old_bt=values_old_bt, returns_bt=returns_bt,
               response_mask_bt=response_mask_bt)
     mask = response_mask_bt.astype(jnp.float32)
@@ -234,7 +241,8 @@ def kl_penalty(
     log_ratio_clip: float = 20.0,
     max_k3: float = 10.0,
 ) -> jax.Array:
-    """Per-token estimate of KL(π || π_ref) on tokens sampled from π.
+    """Per-token estimate of KL(π || π_ref) on tokens sampled from π (Schulman 2020,
+    "Approximating KL Divergence": the estimators k1, k2, k3).
 
     k1 = logp − ref (unbiased, can be negative); k2 = ½(logp − ref)²;
     k3 ("low_var_kl") = exp(ref − logp) − (ref − logp) − 1 ≥ 0, clamped to [0, max_k3].
