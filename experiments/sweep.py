@@ -19,7 +19,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rl4mle_jax.logging import read_metrics  # noqa: E402
+from rl4mle_jax.tracking import read_metrics  # noqa: E402
 from rl4mle_jax.train import train  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config (configs/ablations.py).")

@@ -1,6 +1,6 @@
 """Metric logger writes JSONL + TensorBoard; plots read the whole file, torn lines skipped."""
 
-from rl4mle_jax.logging import MetricLogger, plot_metrics, read_metrics
+from rl4mle_jax.tracking import MetricLogger, plot_metrics, read_metrics
 
 
 def test_metrics_jsonl_tensorboard_and_plots(tmp_path):
