@@ -1,4 +1,4 @@
-"""Best-of-N evaluation of a trained run (or of a Hugging Face directory), both paths.
+"""Best-of-N evaluation (solve and improve candidates) of a trained run or a Hugging Face dir.
 
   python experiments/evaluate.py --workdir workdirs/task [--n 16]
   python experiments/evaluate.py --hf_dir /path/to/model --config configs/task.py --n 16
@@ -21,7 +21,7 @@ from configs import task as task_config  # noqa: E402
 from rl4mle_jax import checkpoint as ckpt_lib  # noqa: E402
 from rl4mle_jax import sharding  # noqa: E402
 from rl4mle_jax.components import build_components  # noqa: E402
-from rl4mle_jax.evaluate import best_of_n, save_eval  # noqa: E402
+from rl4mle_jax.best_of_n import best_of_n, save_eval  # noqa: E402
 from rl4mle_jax.report import brief_eval  # noqa: E402
 from rl4mle_jax.rl.learner import make_learner  # noqa: E402
 

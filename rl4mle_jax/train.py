@@ -32,7 +32,7 @@ from rl4mle_jax import sharding
 from rl4mle_jax.components import Components, build_components
 from rl4mle_jax.env.instrument_lm import Instrumenter
 from rl4mle_jax.env.instrument_static import MILESTONES
-from rl4mle_jax.evaluate import best_of_n, save_eval
+from rl4mle_jax.best_of_n import best_of_n, save_eval
 from rl4mle_jax.tracking import MetricLogger, plot_metrics
 from rl4mle_jax.report import brief_eval, write_best_solution, write_report
 from rl4mle_jax.rl.learner import make_learner

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import jax
 import pytest
 
-from rl4mle_jax import evaluate
+from rl4mle_jax import best_of_n as best_of_n_lib
 from rl4mle_jax.env import prompts
 from rl4mle_jax.env.metrics import oriented_score
 from rl4mle_jax.env.reward import RewardConfig, normalise_score
@@ -85,9 +85,9 @@ def test_evaluation_samples_the_shared_prompts(task, monkeypatch):
     ctx = _ctx(task)
     seen = []
 
-    def sample(comps, params, texts, rng, path, temperature, max_new_tokens):
-        seen.append((path, texts))
-        return [evaluate.Candidate(path, CODE + f"# {path} {i}\n", None)
+    def sample(comps, params, texts, rng, kind, temperature, max_new_tokens):
+        seen.append((kind, texts))
+        return [best_of_n_lib.Candidate(kind, CODE + f"# {kind} {i}\n", None)
                 for i in range(len(texts))]
 
     async def run(cands, *args):
@@ -95,11 +95,11 @@ def test_evaluation_samples_the_shared_prompts(task, monkeypatch):
             c.reward_split = _record(0.5 + 0.1 * i)
             c.test_split = _record(0.4)
 
-    monkeypatch.setattr(evaluate, "_sample_codes", sample)
-    monkeypatch.setattr(evaluate, "_run_candidates", run)
+    monkeypatch.setattr(best_of_n_lib, "_sample_codes", sample)
+    monkeypatch.setattr(best_of_n_lib, "_run_candidates", run)
     comps = SimpleNamespace(task=task, tokenizer=_Tok(), context=ctx, prompt_cfg=CFG,
                             episode_cfg=EpisodeConfig(), sandbox=None)
-    evaluate.best_of_n(comps, None, 4, rng=jax.random.PRNGKey(0))
+    best_of_n_lib.best_of_n(comps, None, 4, rng=jax.random.PRNGKey(0))
     kw = dict(cfg=CFG, chat_template=None, count_tokens=_count)
     seed = CODE + "# solve 1\n"  # the better of the two solve candidates
     assert seen == [("solve", [prompts.solve_prompt(ctx, **kw).text] * 2),

@@ -1,7 +1,7 @@
-"""Best-of-N evaluation with both paths (from scratch, and improve the best), picked honestly.
+"""Best-of-N evaluation of both kinds (solve from scratch, improve the best), picked honestly.
 
 Candidates are sampled from the policy: N/2 solve prompts, then N/2 improve prompts built on
-the best valid solve candidate (the paper's test-time protocol runs both paths and keeps the
+the best valid solve candidate (the paper's test-time protocol runs both kinds and keeps the
 better). Every candidate runs on the reward split (carved from the public training data) and on
 the test split. The pick is made on the reward split only and its test score is reported; the
 paper's own protocol (the best *test* score of N, which peeks at the test labels) is reported
@@ -25,7 +25,7 @@ from rl4mle_jax.env.metrics import oriented_score
 
 @dataclasses.dataclass
 class Candidate:
-    path: str  # "solve" | "improve"
+    kind: str  # "solve" | "improve"
     code: str | None
     failure: str | None
     reward_split: dict | None = None  # the run's reward record on the reward split
@@ -59,7 +59,7 @@ async def _run_candidates(cands: list[Candidate], task: Any, sandbox: Any, timeo
     await asyncio.gather(*(one(c) for c in cands))
 
 
-def _sample_codes(comps: Any, params: Any, prompts: list[str], rng: jax.Array, path: str,
+def _sample_codes(comps: Any, params: Any, prompts: list[str], rng: jax.Array, kind: str,
                   temperature: float, max_new_tokens: int) -> list[Candidate]:
     tok = comps.tokenizer
     out = comps.sampler.generate(params, [tok.encode(p) for p in prompts], rng,
@@ -68,17 +68,17 @@ def _sample_codes(comps: Any, params: Any, prompts: list[str], rng: jax.Array, p
     for i in range(len(prompts)):
         action = extract_action(tok.decode(out.tokens[i, :out.lengths[i]].tolist(),
                                                  skip_special_tokens=True))
-        cands.append(Candidate(path, action.code if action.ok else None, action.failure))
+        cands.append(Candidate(kind, action.code if action.ok else None, action.failure))
     return cands
 
 
 def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: float = 0.7,
               concurrency: int = 2) -> dict[str, Any]:
-    """Samples N candidates over both paths and reports the honest pick and the paper's number."""
+    """Samples N candidates of both kinds and reports the honest pick and the paper's number."""
     task, direction = comps.task, comps.task.direction
     if n <= 0:  # evaluation switched off (e.g. in quick tests)
         return {"n": 0, "direction": direction, "valid_rate": None, "pick": {},
-                "paper_protocol_best_test_score": None, "by_path": {}, "candidates": []}
+                "paper_protocol_best_test_score": None, "by_kind": {}, "candidates": []}
     timeout = comps.episode_cfg.timeout_s
     chat = comps.tokenizer.apply_chat_template if comps.tokenizer.is_chat else None
     count = lambda s: len(comps.tokenizer.encode(s))  # noqa: E731
@@ -95,10 +95,10 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
         if seed.score("reward") is not None:  # its outcome: "No error detected, ... score"
             prompt = prompts_lib.improve_prompt(comps.context, seed.code, seed.reward_split,
                                                 **kw).text
-            path = "improve"
+            kind = "improve"
         else:  # nothing to improve on: the second half also starts from scratch
-            prompt, path = solve_prompt, "solve"
-        more = _sample_codes(comps, params, [prompt] * (n // 2), k_improve, path,
+            prompt, kind = solve_prompt, "solve"
+        more = _sample_codes(comps, params, [prompt] * (n // 2), k_improve, kind,
                              temperature, max_new)
         asyncio.run(_run_candidates(more, task, comps.sandbox, timeout, concurrency))
         cands += more
@@ -109,12 +109,12 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
         "n": len(cands),
         "direction": direction,
         "valid_rate": len(valid) / max(len(cands), 1),
-        "pick": {"path": pick.path, "reward_score": pick.score("reward"),
+        "pick": {"kind": pick.kind, "reward_score": pick.score("reward"),
                  "test_score": pick.score("test"), "code": pick.code},
         "paper_protocol_best_test_score": oracle.score("test"),
-        "by_path": {p: {"n": sum(c.path == p for c in cands),
-                        "valid": sum(c.path == p and c.score("reward") is not None
-                                     for c in cands)} for p in ("solve", "improve")},
+        "by_kind": {k: {"n": sum(c.kind == k for c in cands),
+                        "valid": sum(c.kind == k and c.score("reward") is not None
+                                     for c in cands)} for k in ("solve", "improve")},
         "candidates": [dataclasses.asdict(c) for c in cands],
     }
 
