@@ -36,7 +36,7 @@ from rl4mle_jax.env.reward import RewardConfig
 from rl4mle_jax.env.sandbox import BACKENDS
 from rl4mle_jax.env.sandbox.common import Limits
 from rl4mle_jax.rl.learner_config import LearnerConfig
-from rl4mle_jax.rollout.batch import DURATION_FLOOR_S, DURATION_SOURCES
+from rl4mle_jax.rollout.collate import DURATION_FLOOR_S, DURATION_SOURCES
 
 
 class ConfigError(ValueError):
@@ -164,7 +164,7 @@ class RunConfig:
     time_budget_s: float = 300.0  # RL wall-clock; the paper fixes time, not steps; 0: none
     improve_prob: float = 0.5
     max_staleness: int = 4  # policy versions; older episodes are dropped
-    duration_source: str = "episode"  # Δt for the weights, see rollout.batch.DURATION_SOURCES
+    duration_source: str = "episode"  # Δt for the weights, see rollout.collate.DURATION_SOURCES
     duration_floor_s: float = DURATION_FLOOR_S  # the least Δt
     buffer_size: int = 16
     checkpoint_every: int = 2

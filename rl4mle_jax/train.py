@@ -29,18 +29,18 @@ from tqdm.auto import tqdm
 
 from rl4mle_jax import checkpoint as ckpt_lib
 from rl4mle_jax import sharding
+from rl4mle_jax.best_of_n import best_of_n, save_eval
 from rl4mle_jax.components import Components, build_components
 from rl4mle_jax.env.instrument_lm import Instrumenter
 from rl4mle_jax.env.instrument_static import MILESTONES
-from rl4mle_jax.best_of_n import best_of_n, save_eval
-from rl4mle_jax.tracking import MetricLogger, plot_metrics
 from rl4mle_jax.report import brief_eval, write_best_solution, write_report
 from rl4mle_jax.rl.learner import make_learner
-from rl4mle_jax.rollout.batch import build_batch
 from rl4mle_jax.rollout.buffer import ExperienceLog, SolutionBuffer
+from rl4mle_jax.rollout.collate import build_batch
 from rl4mle_jax.rollout.episode import EpisodeRunner, Experience
 from rl4mle_jax.rollout.pool import RolloutPool
 from rl4mle_jax.rollout.service import GenerationService
+from rl4mle_jax.tracking import MetricLogger, plot_metrics
 
 log = logging.getLogger("rl4mle_jax.train")
 

@@ -24,7 +24,7 @@ from rl4mle_jax.env.instrument_lm import INSTRUMENT_MODES  # noqa: E402
 from rl4mle_jax.env.reward import MILESTONE_EVIDENCE, NORMALISATIONS  # noqa: E402
 from rl4mle_jax.env.sandbox import BACKENDS, Sandbox  # noqa: E402
 from rl4mle_jax.rl import learner_config as lc  # noqa: E402
-from rl4mle_jax.rollout.batch import DURATION_SOURCES, build_batch  # noqa: E402
+from rl4mle_jax.rollout.collate import DURATION_SOURCES, build_batch  # noqa: E402
 from rl4mle_jax.warmstart.config import WarmStartConfig  # noqa: E402
 
 # configs/*.py of commit 8174df5 (before the sections were generated), flattened.

@@ -43,7 +43,7 @@ def duration_weights(
     duration-aware gradient: ∇J = E[Σ_k Δt_k · ∇log π(a_k|s_k) · Â(s_k, a_k)], with Δt_k
     rescaled by the batch mean ("batch_mean"). What Δt is (the episode's dispatch-to-return
     wall-clock by default, or the program's execution time) is `run.duration_source`, defined
-    once in `rollout.batch.episode_durations`. The weight enters the loss in `ppo.aggregate`.
+    once in `rollout.collate.episode_durations`. The weight enters the loss in `ppo.aggregate`.
 
     Args:
       durations_b: execution time Δt of each episode in seconds, >= 0.

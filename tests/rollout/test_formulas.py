@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rl4mle_jax.rollout.batch import DURATION_FLOOR_S, episode_durations
 from rl4mle_jax.rollout.buffer import SolutionBuffer
+from rl4mle_jax.rollout.collate import DURATION_FLOOR_S, episode_durations
 from rl4mle_jax.rollout.episode import EpisodeConfig, EpisodeRunner
 
 

@@ -5,7 +5,7 @@ import types
 import numpy as np
 import pytest
 
-from rl4mle_jax.rollout.batch import build_batch, episode_durations
+from rl4mle_jax.rollout.collate import build_batch, episode_durations
 
 
 def _exp(i, prompt, resp, logp, reward, started=0.0, finished=1.0, busy=0.0):
