@@ -2,8 +2,7 @@
 
 `compute_reward` is a pure function of what happened (parsed action, instrumented program,
 sandbox result with the witness's evidence, grade report, nonce). Running a program and grading
-it happens in one place, `env.execute.run_and_grade`; `evaluate_program` / `evaluate_response`
-are its reward-only shorthands.
+it happens in one place, `env.execute.run_and_grade` (its `.reward` is this module's record).
 
 Milestones (partial credit) rest on evidence, not on text. With the witness (the launcher's
 audit and profile hooks, sandbox/witness.py) a milestone counts when its marker was printed with
@@ -278,23 +277,3 @@ def compute_reward(action: Action | None, program: InstrumentedProgram | None, e
     rec.status, rec.reward = "valid", rec.normalised_score
     return rec
 
-
-# ---------------------------------------------------------------- shorthands
-def evaluate_program(code: str, task: Any, sandbox: Any, *, split: str = "reward",
-                     instrumenter: Any = None, cfg: RewardConfig = RewardConfig(),
-                     timeout_s: float | None = None, action: Action | None = None
-                     ) -> RewardRecord:
-    """The reward record of `execute.run_and_grade` (instrument, run, grade, reward)."""
-    from rl4mle_jax.env.execute import run_and_grade
-
-    return run_and_grade(code, task, sandbox, split=split, instrumenter=instrumenter, cfg=cfg,
-                         timeout_s=timeout_s, action=action).reward
-
-
-def evaluate_response(response: str, task: Any, sandbox: Any, **kw: Any
-                      ) -> tuple[Action, RewardRecord]:
-    """`evaluate_program` on the code extracted from a model response (failures short-circuit)."""
-    from rl4mle_jax.env.execute import run_response
-
-    action, run = run_response(response, task, sandbox, **kw)
-    return action, run.reward

@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from rl4mle_jax.env.execute import run_and_grade
 from rl4mle_jax.env.prompts import format_outcome
-from rl4mle_jax.env.reward import evaluate_program
 from rl4mle_jax.warmstart.demos import DemoProgram, generate_programs
 
 
@@ -60,8 +60,8 @@ def run_demo(task, program: DemoProgram, sandbox, split: str = "reward",
              timeout_s: float | None = None) -> Demo:
     """Runs one program as an RL episode would (static instrumentation, fresh nonce, sandbox,
     grader, the paper's reward) and records the outcome."""
-    rec = evaluate_program(program.code, task, sandbox, split=split,
-                           timeout_s=timeout_s or task.timeout_s)
+    rec = run_and_grade(program.code, task, sandbox, split=split,
+                        timeout_s=timeout_s or task.timeout_s).reward
     reason = rec.failure_reason
     if rec.error:
         reason = f"{reason}: {rec.error.get('type')}: {rec.error.get('message')}"[:300]

@@ -5,9 +5,8 @@ import textwrap
 
 import pytest
 
-from rl4mle_jax.env.execute import run_response
+from rl4mle_jax.env.execute import run_and_grade, run_response
 from rl4mle_jax.env.instrument_lm import Instrumenter
-from rl4mle_jax.env.reward import evaluate_program
 from rl4mle_jax.env.sandbox import Sandbox
 from rl4mle_jax.env.tasks import prepare_task
 
@@ -150,7 +149,7 @@ def test_instrumented_programs_write_the_same_submission(honest):
     (EVASIVE_SELF_READ, "failure", "runtime_error", -10.0),
 ])
 def test_hacks_earn_no_more_than_designed(task, sandbox, code, status, reason, reward):
-    rec = evaluate_program(code, task, sandbox)
+    rec = run_and_grade(code, task, sandbox).reward
     assert rec.status == status and rec.failure_reason == reason, rec.to_json()
     assert rec.reward == pytest.approx(reward), rec.to_json()
     if code in (HARDCODE, COPY_SAMPLE):
