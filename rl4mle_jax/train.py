@@ -136,21 +136,14 @@ class _Trainer:
                 temperature=cfg.instrument.temperature)
         return policy, frozen
 
-    def _frozen_generate(self, prompt: str) -> str:
-        """Synchronous frozen-copy generation (the loop itself batches through a service)."""
-        tok, inst = self.c.tokenizer, self.config.instrument
-        out = self.c.sampler.generate(self.frozen, [tok.encode(prompt)],
-                                      jax.random.PRNGKey(self.loop.step),
-                                      max_new_tokens=inst.max_new_tokens,
-                                      temperature=inst.temperature)
-        return tok.decode(out.tokens[0, :out.lengths[0]].tolist(), skip_special_tokens=True)
-
     # --------------------------------------------------------------------- the loop
     async def run(self) -> dict[str, Any]:
         cfg, run = self.config, self.config.run
         policy, frozen = self._services()
+        # In "lm" mode the episodes send the frozen copy's prompts through its generation
+        # service and verify the answers (EpisodeRunner._instrument), so no generate here.
         instrumenter = Instrumenter(
-            cfg.instrument.mode, generate=self._frozen_generate if frozen else None,
+            cfg.instrument.mode,
             chat_template=(self.c.tokenizer.apply_chat_template if self.c.tokenizer.is_chat
                            else None))
         runner = EpisodeRunner(

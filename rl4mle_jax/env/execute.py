@@ -27,6 +27,7 @@ from typing import Any
 from rl4mle_jax.env.actions import Action, extract_action
 from rl4mle_jax.env.grading import GradeReport, grade_bytes
 from rl4mle_jax.env.instrument import InstrumentedProgram, instrument_static, new_nonce
+from rl4mle_jax.env.instrument_lm import NoGenerateError
 from rl4mle_jax.env.reward import RewardConfig, RewardRecord, compute_reward
 from rl4mle_jax.env.submission import read_run_submission, submission_byte_cap
 from rl4mle_jax.env.tasks import TaskSpecError
@@ -79,6 +80,8 @@ def instrument(code: str, instrumenter: Any = None) -> InstrumentedProgram:
     """The program with milestone markers; total (any failure keeps the code unmarked)."""
     try:
         return instrumenter(code) if instrumenter is not None else instrument_static(code)
+    except NoGenerateError:
+        raise  # the set-up is wrong, not the program: stop loudly
     except Exception as e:  # noqa: BLE001 - instrumentation never decides an episode's fate
         log.warning("instrumentation failed (%s); running the program without markers",
                     type(e).__name__)

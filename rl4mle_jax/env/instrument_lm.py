@@ -229,12 +229,19 @@ def _verify(code: str, response: str) -> tuple[InstrumentedProgram | None, dict]
 INSTRUMENT_MODES = ("lm", "static", "none")
 
 
+class NoGenerateError(ValueError):
+    """A synchronous "lm" instrumentation without a `generate` callable: a set-up error."""
+
+
 class Instrumenter:
     """Chooses the instrumentation method and counts LM acceptances/rejections (thread-safe).
 
-    mode: "static" (AST analysis), "lm" (frozen model via `generate`, verified, static fallback)
-    or "none" (no markers). `generate` must be bound to the frozen model, never the policy.
-    `chat_template` renders [{"role", "content"}] messages into the model's prompt string.
+    mode: "static" (AST analysis), "lm" (frozen model, verified, static fallback) or "none" (no
+    markers). In "lm" mode the answer comes either from `generate` (used by `__call__`) or from
+    a caller that samples it elsewhere and passes it to `from_lm_response` (the RL loop batches
+    it through the frozen copy's generation service, so needs no `generate`). `generate` must
+    be bound to the frozen model, never the policy. `chat_template` renders
+    [{"role", "content"}] messages into the model's prompt string.
     """
 
     def __init__(self, mode: str = "static", generate: Callable[[str], str] | None = None,
@@ -242,8 +249,6 @@ class Instrumenter:
         if mode not in INSTRUMENT_MODES:
             raise ValueError(f"instrumentation mode must be one of {INSTRUMENT_MODES}, got "
                              f"{mode!r}")
-        if mode == "lm" and generate is None:
-            raise ValueError("mode 'lm' needs a generate(prompt) -> text callable (frozen model)")
         self.mode, self.generate, self.chat_template = mode, generate, chat_template
         self.stats: Counter = Counter()
         self._lock = threading.Lock()
@@ -255,7 +260,8 @@ class Instrumenter:
         return self.chat_template([{"role": "user", "content": text}])
 
     def __call__(self, code: str) -> InstrumentedProgram:
-        """The instrumented program; never raises (failures are `verification["reason"]`)."""
+        """The instrumented program; never raises for any program (failures are
+        `verification["reason"]`), only NoGenerateError for "lm" without `generate`."""
         if self.mode == "none":  # no markers; the static training check still applies
             with gc_paused():
                 tree, why = parse_program(code)
@@ -266,6 +272,11 @@ class Instrumenter:
         if self.mode == "static":
             self._count("static")
             return instrument_static(code)
+        if self.generate is None:
+            raise NoGenerateError(
+                "Instrumenter('lm') was built without generate: pass generate=(prompt -> text "
+                "of the frozen model), or sample the answer elsewhere and call "
+                "from_lm_response(code, answer)")
         try:
             response = self.generate(self.prompt(code))
         except Exception as e:  # noqa: BLE001 - the frozen model failing must not end the episode

@@ -17,6 +17,7 @@ from rl4mle_jax.env.instrument import (
 )
 from rl4mle_jax.env.instrument_lm import (
     Instrumenter,
+    NoGenerateError,
     lm_instrument_prompt,
     verify_lm_instrumentation,
 )
@@ -244,10 +245,20 @@ def test_instrumenter_counts_and_prompt():
     assert none.render(new_nonce()) == PROGRAM and none.milestones == ()
     assert none.static_training  # the no-training check works without markers too
     with pytest.raises(ValueError, match="frozen model"):
-        Instrumenter("lm")
+        Instrumenter("lm")(PROGRAM)
     with pytest.raises(ValueError, match="static\\|lm\\|none"):
         Instrumenter("llm")
 
+
+def test_lm_without_generate_is_a_set_up_error_the_run_step_does_not_swallow():
+    """The loop builds Instrumenter("lm") without generate (it samples answers itself); calling
+    it synchronously then stops loudly, also inside run-and-grade's otherwise total step."""
+    from rl4mle_jax.env import execute
+
+    inst = Instrumenter("lm")
+    assert inst.from_lm_response(PROGRAM, _lm_answer(PROGRAM, FAITHFUL)).method == "lm"
+    with pytest.raises(NoGenerateError, match="from_lm_response"):
+        execute.instrument(PROGRAM, inst)
 
 def test_lm_marker_after_compound_statement_maps_lines_back(tmp_path):
     code = "import os\nfor i in range(2):\n    x = i\nraise ValueError('boom')\n"
