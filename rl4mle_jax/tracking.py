@@ -17,7 +17,7 @@ from typing import Any
 DEFAULT_PLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("reward", "Mean reward", ("reward/mean",)),
     ("best_score", "Best score (reward split)", ("score/best",)),
-    ("duration", "Mean execution time Δt (s)", ("duration/mean",)),
+    ("duration", "Mean sandbox time of the programs, duration_s (s)", ("duration_s/mean",)),
     ("milestones", "Milestone rates", (
         "milestones/libraries_imported", "milestones/data_loaded", "milestones/model_defined",
         "milestones/model_trained", "milestones/predictions_made",
@@ -25,6 +25,12 @@ DEFAULT_PLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("instrumentation", "LM instrumentation acceptance", ("instrument/accept_rate",)),
     ("utilisation", "Sandbox slot utilisation", ("slots/utilisation", "slots/sync_utilisation")),
 )
+
+
+# Metric keys of older runs -> today's (read_metrics renames them, so a run resumed from an
+# older metrics.jsonl plots one history): sandbox time, the weights' Δt, episode wall-clock.
+RENAMED_METRICS = {"duration/mean": "duration_s/mean", "duration_mean": "dt_s/mean",
+                   "duration/episode_mean": "episode_wall_s/mean"}
 
 
 class MetricLogger:
@@ -80,9 +86,10 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, float]]:
     rows = []
     for line in path.read_text(encoding="utf-8").split("\n"):
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        rows.append({RENAMED_METRICS.get(k, k): v for k, v in row.items()})
     return rows
 
 

@@ -263,9 +263,9 @@ class _Trainer:
         out = {
             "reward/mean": float(rewards.mean()), "reward/max": float(rewards.max()),
             "reward/valid_rate": float(np.mean([r["status"] == "valid" for r in recs])),
-            "duration/mean": float(np.mean([e.duration_s for e in batch])),
-            "duration/episode_mean": float(np.mean([e.finished_at - e.started_at
-                                                    for e in batch])),
+            "duration_s/mean": float(np.mean([e.duration_s for e in batch])),
+            "episode_wall_s/mean": float(np.mean([e.finished_at - e.started_at
+                                                  for e in batch])),
             "episodes/improve_rate": float(np.mean([e.kind == "improve" for e in batch])),
             "episodes/staleness_mean": float(np.mean([self.loop.version - 1 - e.params_version
                                                       for e in batch])),

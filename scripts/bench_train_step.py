@@ -82,7 +82,7 @@ def make_batch(c: models.Qwen2Config, batch: int, seq: int) -> dict[str, np.ndar
                                         (batch, seq)).astype(np.float32),
                 values_old=rng.normal(0, 0.1, (batch, seq)).astype(np.float32),
                 rewards=rng.normal(size=batch).astype(np.float32),
-                durations=rng.uniform(1, 10, batch).astype(np.float32))
+                dt_s=rng.uniform(1, 10, batch).astype(np.float32))
 
 
 def bench(name: str, batch: int, seq: int, steps: int, mesh, micro: int) -> dict:

@@ -25,7 +25,7 @@ def _batch(b=8, t=10, seed=0):
                 old_logprobs=rng.normal(-4.0, 0.1, (b, t)).astype(np.float32),
                 values_old=rng.normal(0, 0.1, (b, t)).astype(np.float32),
                 rewards=rng.normal(size=b).astype(np.float32),
-                durations=rng.uniform(1, 5, b).astype(np.float32))
+                dt_s=rng.uniform(1, 5, b).astype(np.float32))
 
 
 def _assert_trees_equal(a, b):

@@ -244,9 +244,9 @@ def test_bad_values_name_the_key(key, value, message):
 
 def test_duration_floor_reaches_the_batch():
     exps = [types.SimpleNamespace(episode_id=i, prompt_ids=[1], response_ids=[2], logprobs=[0.0],
-                                  reward=0.0, busy_s=busy, started_at=0.0, finished_at=1.0)
-            for i, busy in enumerate((0.0, 2.0))]
-    default = build_batch(exps, 2, 2, 0, "execution")["durations"]
+                                  reward=0.0, duration_s=d, started_at=0.0, finished_at=1.0)
+            for i, d in enumerate((0.0, 2.0))]
+    default = build_batch(exps, 2, 2, 0, "execution")["dt_s"]
     assert default.tolist() == pytest.approx([0.05, 2.0])
-    floored = build_batch(exps, 2, 2, 0, "execution", duration_floor_s=0.5)["durations"]
+    floored = build_batch(exps, 2, 2, 0, "execution", duration_floor_s=0.5)["dt_s"]
     assert floored.tolist() == pytest.approx([0.5, 2.0])

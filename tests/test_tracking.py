@@ -31,3 +31,16 @@ def test_resume_drops_rows_past_the_checkpoint(tmp_path):
     logger.close()
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [(r["step"], r["reward/mean"]) for r in rows] == [(1, 1), (2, 2), (3, 30)]
+
+
+def test_older_metric_keys_are_read_under_todays_names(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 1, "wall_s": 1.0, "duration/mean": 2.5, "duration_mean": 4.0, '
+        '"duration/episode_mean": 4.0}\n')
+    logger = MetricLogger(tmp_path, tensorboard=False, resume_step=1)
+    logger.write(2, wall_s=2.0, scalars={"duration_s/mean": 3.0, "dt_s/mean": 5.0})
+    logger.close()
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["duration_s/mean"] for r in rows] == [2.5, 3.0]
+    assert [r["dt_s/mean"] for r in rows] == [4.0, 5.0]
+    assert rows[0]["episode_wall_s/mean"] == 4.0

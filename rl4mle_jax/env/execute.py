@@ -48,7 +48,7 @@ class RunRecord:
     nonce: str | None = None
     exec: dict | None = None  # ExecResult.to_dict(): status, Δt, output, evidence, ...
     grade: GradeReport | None = None
-    timings: dict[str, float] = field(default_factory=dict)  # instrument/execute/grade seconds
+    timings: dict[str, float] = field(default_factory=dict)  # instrument_s, sandbox_wall_s, grade_s
     submission: bytes | None = None  # the graded bytes, kept only when asked for
 
     @property
@@ -163,7 +163,7 @@ def run_and_grade(code: str, task: Any, sandbox: Any, *, split: str = "reward",
     timeout = timeout_s if timeout_s is not None else getattr(task, "timeout_s", None)
     t = time.perf_counter()
     res = sandbox.run(program.render(nonce), task.input_dir(split), timeout_s=timeout)
-    timings["execute_s"] = time.perf_counter() - t
+    timings["sandbox_wall_s"] = time.perf_counter() - t  # host wall-clock of the call
     return _score(res, program, nonce, task, split, cfg, timeout, action, keep_submission,
                   timings)
 
@@ -183,7 +183,7 @@ async def arun_and_grade(code: str, task: Any, sandbox: Any, *, split: str = "re
     timeout = timeout_s if timeout_s is not None else getattr(task, "timeout_s", None)
     t = time.perf_counter()
     res = await sandbox.arun(program.render(nonce), task.input_dir(split), timeout_s=timeout)
-    timings["execute_s"] = time.perf_counter() - t
+    timings["sandbox_wall_s"] = time.perf_counter() - t  # host wall-clock of the call
     return await asyncio.to_thread(_score, res, program, nonce, task, split, cfg, timeout,
                                    action, keep_submission, timings)
 

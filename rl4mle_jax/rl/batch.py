@@ -1,9 +1,9 @@
 """Host-side check of a learner batch against the contract (before it enters the jitted step).
 
 Keys and shapes: tokens, attention_mask, response_mask, old_logprobs, ref_logprobs,
-values_old [B, T]; rewards, durations, group_ids [B]. Which keys are required depends on the
+values_old [B, T]; rewards, dt_s (Δt, s), group_ids [B]. Which keys are required depends on the
 learner config (`required_batch_keys`). Host (numpy) arrays are also checked for values:
-finite floats, token ids within the vocabulary, durations >= 0.
+finite floats, token ids within the vocabulary, dt_s >= 0.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from rl4mle_jax.rl.learner_config import LearnerConfig
 Batch = dict[str, Any]
 BT_KEYS = ("tokens", "attention_mask", "response_mask", "old_logprobs", "ref_logprobs",
            "values_old")
-B_KEYS = ("rewards", "durations", "group_ids")
+B_KEYS = ("rewards", "dt_s", "group_ids")
 _INT_KEYS = ("tokens", "group_ids")
 
 
 def required_batch_keys(config: LearnerConfig) -> tuple[str, ...]:
-    keys = ["tokens", "attention_mask", "response_mask", "old_logprobs", "rewards", "durations"]
+    keys = ["tokens", "attention_mask", "response_mask", "old_logprobs", "rewards", "dt_s"]
     if config.uses_critic:
         keys.append("values_old")
     if config.uses_ref:
@@ -43,15 +43,15 @@ def _check_values(key: str, x: np.ndarray, vocab_size: int | None) -> None:
     elif x.dtype.kind == "f" and not np.all(np.isfinite(x)):
         rows = np.unique(np.argwhere(~np.isfinite(x))[:, 0]).tolist()
         raise ValueError(f"batch[{key!r}] has non-finite values in rows {rows[:10]}")
-    if key == "durations" and np.any(x < 0):
-        raise ValueError(f"batch['durations'] has negative values: {x[x < 0].tolist()[:10]}")
+    if key == "dt_s" and np.any(x < 0):
+        raise ValueError(f"batch['dt_s'] has negative values: {x[x < 0].tolist()[:10]}")
 
 
 def prepare_batch(batch: Batch, config: LearnerConfig, batch_divisor: int = 1,
                   vocab_size: int | None = None) -> Batch:
     """The batch with exactly the keys the step uses, cast (int32 ids, float32 otherwise).
 
-    Fills `durations` with ones when duration weighting is off and `group_ids` from
+    Fills `dt_s` with ones when duration weighting is off and `group_ids` from
     `group_size` (consecutive rows) when a group estimator needs them and none are given.
     batch_divisor: the batch must split evenly over the data×fsdp devices.
     """
@@ -61,8 +61,8 @@ def prepare_batch(batch: Batch, config: LearnerConfig, batch_divisor: int = 1,
     if np.ndim(batch["tokens"]) != 2:
         raise ValueError(f"batch['tokens'] must be [B, T], got shape {np.shape(batch['tokens'])}")
     b, t = np.shape(batch["tokens"])
-    if "durations" not in batch and config.duration_weighting == "off":
-        batch["durations"] = np.ones((b,), np.float32)
+    if "dt_s" not in batch and config.duration_weighting == "off":
+        batch["dt_s"] = np.ones((b,), np.float32)
     if "group_ids" not in batch and config.advantage_estimator != "gae":
         if b % config.group_size:
             raise ValueError(f"batch size {b} is not a multiple of group_size {config.group_size}")

@@ -46,7 +46,7 @@ def duration_weights(
     once in `rollout.collate.episode_durations`. The weight enters the loss in `ppo.aggregate`.
 
     Args:
-      durations_b: execution time Δt of each episode in seconds, >= 0.
+      durations_b: Δt of each episode in seconds, >= 0: the learner batch's `dt_s`.
       mode: "off", "batch_mean" (the paper's) or "log1p"; "batch-mean" is accepted too.
       valid_b: optional [B] bool/0-1 mask of real rows; invalid rows get weight 0.
       max_weight: optional cap applied after normalisation (None: no cap, as in the paper).

@@ -9,7 +9,7 @@ micro-batches with a `lax.scan`, every micro-batch loss normalised by its miniba
 
 Batch (see the contract in the helpers' brief): tokens, attention_mask, response_mask,
 old_logprobs [B, T] (position t: log p(tokens[t] | tokens[<t]), at the sampling temperature),
-rewards [B] (one score per episode), durations [B] (Δt, s), values_old [B, T] (critic), and
+rewards [B] (one score per episode), dt_s [B] (Δt, s), values_old [B, T] (critic), and
 ref_logprobs [B, T] (KL), group_ids [B] (grpo/rloo) when the config needs them.
 `compute_logprobs_and_values` produces old_logprobs/values_old/ref_logprobs in that alignment.
 """
@@ -272,7 +272,7 @@ class Learner:
             kl_bt=kl_ref if cfg.kl_mode == "reward" else None, kl_coef=cfg.kl_coef,
             group_ids_b=batch.get("group_ids"), gamma=cfg.gamma, lam=cfg.lam,
             whiten_advantages=cfg.whiten_advantages)
-        weights_b = duration.duration_weights(batch["durations"], cfg.duration_weighting,
+        weights_b = duration.duration_weights(batch["dt_s"], cfg.duration_weighting,
                                               valid_b=valid_b, max_weight=cfg.duration_max_weight)
         rows = {"tokens": tokens, "attention_mask": batch["attention_mask"], "mask": mask,
                 "old_logprobs": old_logprobs, "advantages": advs.advantages_bt,
@@ -323,7 +323,7 @@ class Learner:
             "advantages_mean": ppo.masked_mean(advs.advantages_bt, mask),
             "returns_mean": ppo.masked_mean(advs.returns_bt, mask),
             "duration_weight_max": jnp.max(weights_b),
-            "duration_mean": jnp.sum(batch["durations"] * valid_b) / n_valid,
+            "dt_s/mean": jnp.sum(batch["dt_s"] * valid_b) / n_valid,
         })
         if kl_ref is not None:
             metrics["kl_ref_behaviour"] = ppo.masked_mean(kl_ref, mask)

@@ -66,7 +66,20 @@ class ExperienceLog:
         text = Path(path).read_text(encoding="utf-8") if Path(path).exists() else ""
         lines = text.split("\n")
         complete = lines[:-1]  # the text after the last newline is partial (or empty)
-        return [json.loads(line) for line in complete if line]
+        return [_upgrade(json.loads(line)) for line in complete if line]
+
+
+def _upgrade(record: dict[str, Any]) -> dict[str, Any]:
+    """An older log's record under today's names. Older logs wrote the program's sandbox time
+    twice, as `duration_s` and as `busy_s` (the same value), and the host's wall-clock around
+    the sandbox call as `timings["execute_s"]` (now `sandbox_wall_s`)."""
+    if "busy_s" in record:
+        busy = record.pop("busy_s")
+        record.setdefault("duration_s", busy)
+    timings = record.get("timings")
+    if isinstance(timings, dict) and "execute_s" in timings:
+        timings.setdefault("sandbox_wall_s", timings.pop("execute_s"))
+    return record
 
 
 def _json_default(obj: Any) -> Any:

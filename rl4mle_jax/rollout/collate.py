@@ -29,7 +29,7 @@ def episode_durations(experiences: Sequence[Any], source: str = "episode",
     if source == "episode":
         dt = [e.finished_at - e.started_at for e in experiences]
     elif source == "execution":
-        dt = [e.busy_s for e in experiences]
+        dt = [e.duration_s for e in experiences]
     else:
         raise ValueError(f"duration source must be one of {DURATION_SOURCES}, got {source!r}")
     return np.maximum(np.asarray(dt, np.float32), floor_s)
@@ -38,7 +38,7 @@ def episode_durations(experiences: Sequence[Any], source: str = "episode",
 def build_batch(experiences: Sequence[Any], max_prompt: int, max_response: int, pad_id: int,
                 duration_source: str = "episode",
                 duration_floor_s: float = DURATION_FLOOR_S) -> dict[str, np.ndarray]:
-    """tokens, attention_mask, response_mask, old_logprobs [B, P+R]; rewards, durations [B]."""
+    """tokens, attention_mask, response_mask, old_logprobs [B, P+R]; rewards, dt_s [B]."""
     b, p, t = len(experiences), max_prompt, max_prompt + max_response
     tokens = np.full((b, t), pad_id, np.int32)
     attention = np.zeros((b, t), np.int32)
@@ -66,5 +66,5 @@ def build_batch(experiences: Sequence[Any], max_prompt: int, max_response: int, 
         "response_mask": response,
         "old_logprobs": old_logprobs,
         "rewards": np.asarray([e.reward for e in experiences], np.float32),
-        "durations": episode_durations(experiences, duration_source, duration_floor_s),
+        "dt_s": episode_durations(experiences, duration_source, duration_floor_s),
     }

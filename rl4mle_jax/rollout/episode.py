@@ -39,20 +39,15 @@ class Experience:
     response_stopped: bool
     started_at: float
     finished_at: float
-    busy_s: float  # sandbox execution time Δt (0 when nothing ran)
-    timings: dict[str, float]  # seconds spent sampling, instrumenting, executing, grading
+    duration_s: float  # the program's own time in the sandbox (0 when nothing ran)
+    timings: dict[str, float]  # seconds: sample_s, instrument_s, sandbox_wall_s, grade_s
     parent_episode: int | None = None  # for improve prompts: the solution being improved
-
-    @property
-    def duration_s(self) -> float:
-        return float(self.record.get("duration_s", 0.0))
 
     def log_record(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """The experience-log line (token ids left out; the code and every reward part kept)."""
         rec = {k: v for k, v in dataclasses.asdict(self).items()
                if k not in ("prompt_ids", "response_ids", "logprobs")}
-        rec.update(prompt_tokens=len(self.prompt_ids), response_tokens=len(self.response_ids),
-                   duration_s=self.duration_s)
+        rec.update(prompt_tokens=len(self.prompt_ids), response_tokens=len(self.response_ids))
         rec.update(extra or {})
         return rec
 
@@ -112,7 +107,7 @@ class EpisodeRunner:
         response = self.tokenizer.decode(gen.response_ids, skip_special_tokens=True)
         action = extract_action(response)
 
-        busy = 0.0
+        duration_s = 0.0
         if not action.ok:
             record = execute.no_run_record(action, self.cfg.split, self.reward_cfg).reward
         else:
@@ -123,8 +118,9 @@ class EpisodeRunner:
                                                split=self.cfg.split, program=program,
                                                cfg=self.reward_cfg,
                                                timeout_s=self.cfg.timeout_s, action=action)
-            timings.update(execute_s=run.timings["execute_s"], grade_s=run.timings["grade_s"])
-            busy, record = run.duration_s, run.reward
+            timings.update(sandbox_wall_s=run.timings["sandbox_wall_s"],
+                           grade_s=run.timings["grade_s"])
+            duration_s, record = run.duration_s, run.reward
 
         rec = record.to_dict()
         parent = request.get("parent")
@@ -133,7 +129,8 @@ class EpisodeRunner:
             response_ids=gen.response_ids, logprobs=gen.logprobs,
             params_version=gen.params_version, reward=float(record.reward), record=rec,
             plan=action.plan, code=action.code, response_stopped=gen.stopped,
-            started_at=started, finished_at=time.time(), busy_s=busy, timings=timings,
+            started_at=started, finished_at=time.time(), duration_s=duration_s,
+            timings=timings,
             parent_episode=parent.get("episode_id") if parent else None)
 
     async def _instrument(self, code: str) -> Any:

@@ -28,7 +28,7 @@ class Finished:
     error: str | None  # "<ExcType>: message" when run_episode raised
     started_at: float  # wall-clock (time.time()) at which the slot started the episode
     finished_at: float
-    busy_s: float  # seconds of the episode spent executing (reported by the result, else all)
+    duration_s: float  # the result's own `duration_s` (e.g. sandbox time), else the episode's
 
 
 @dataclasses.dataclass
@@ -37,23 +37,23 @@ class SlotStats:
 
     num_slots: int
     wall_s: float
-    busy_s: float
+    duration_s: float  # the finished episodes' duration_s, summed: the slots' busy time
     episodes: int
     sync_wall_s: float  # wall-clock a start-K-wait-for-slowest loop needs for the same episodes
 
     @property
     def utilisation(self) -> float:
-        return self.busy_s / max(self.num_slots * self.wall_s, 1e-9)
+        return self.duration_s / max(self.num_slots * self.wall_s, 1e-9)
 
     @property
     def sync_utilisation(self) -> float:
-        return self.busy_s / max(self.num_slots * self.sync_wall_s, 1e-9)
+        return self.duration_s / max(self.num_slots * self.sync_wall_s, 1e-9)
 
     def to_dict(self) -> dict[str, float]:
         return {
             "slots": self.num_slots,
             "wall_s": self.wall_s,
-            "busy_s": self.busy_s,
+            "duration_s": self.duration_s,
             "episodes": self.episodes,
             "utilisation": self.utilisation,
             "sync_wall_s": self.sync_wall_s,
@@ -71,8 +71,8 @@ class RolloutPool:
 
     Args:
       run_episode: coroutine function taking a request and returning a result. If the result
-        has a `busy_s` attribute or key, that is counted as slot-busy time (e.g. the sandbox
-        execution Δt); otherwise the whole episode counts.
+        has a `duration_s` attribute or key, that is counted as slot-busy time (e.g. the
+        program's sandbox time); otherwise the whole episode counts.
       make_request: called (synchronously) each time a slot frees up, with the episode id; it
         may read the latest policy version, so requests reflect the current policy.
       num_slots: K, the number of concurrent episodes.
@@ -95,7 +95,7 @@ class RolloutPool:
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
         self._t0: float | None = None
-        self._busy = 0.0
+        self._duration_s = 0.0  # summed Finished.duration_s
         self._durations: dict[int, float] = {}  # episode id -> seconds
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -132,11 +132,11 @@ class RolloutPool:
         except Exception as e:  # an episode failing must never stop the run
             error = f"{type(e).__name__}: {e}"
         finished = time.time()
-        busy = _busy_seconds(result, finished - started)
-        self._busy += busy
+        duration_s = _duration_seconds(result, finished - started)
+        self._duration_s += duration_s
         self._durations[episode_id] = finished - started
         self._queue.put_nowait(
-            Finished(episode_id, slot, request, result, error, started, finished, busy)
+            Finished(episode_id, slot, request, result, error, started, finished, duration_s)
         )
         self._launch(slot)
 
@@ -158,7 +158,7 @@ class RolloutPool:
         return SlotStats(
             num_slots=self.num_slots,
             wall_s=wall,
-            busy_s=self._busy,
+            duration_s=self._duration_s,
             episodes=len(self._durations),
             # The synchronous loop would start episodes in id order, K at a time.
             sync_wall_s=sync_wall_time([d for _, d in sorted(self._durations.items())],
@@ -166,11 +166,12 @@ class RolloutPool:
         )
 
 
-def _busy_seconds(result: Any, default: float) -> float:
+def _duration_seconds(result: Any, default: float) -> float:
+    """The result's `duration_s` (a dict key or an attribute), else `default`."""
     if result is None:
         return default
     if isinstance(result, dict):
-        value = result.get("busy_s")
+        value = result.get("duration_s")
     else:
-        value = getattr(result, "busy_s", None)
+        value = getattr(result, "duration_s", None)
     return default if value is None else float(value)

@@ -40,7 +40,7 @@ def _batch(b=8, t=12, seed=0, params=None):
     response[2] = 0  # no response tokens at all
     out = dict(tokens=tokens, attention_mask=attention, response_mask=response,
                rewards=rng.normal(size=b).astype(np.float32),
-               durations=rng.uniform(0.5, 20.0, b).astype(np.float32),
+               dt_s=rng.uniform(0.5, 20.0, b).astype(np.float32),
                old_logprobs=rng.normal(-4.2, 0.2, (b, t)).astype(np.float32),
                ref_logprobs=rng.normal(-4.2, 0.2, (b, t)).astype(np.float32),
                values_old=rng.normal(0.0, 0.3, (b, t)).astype(np.float32))
@@ -137,7 +137,7 @@ def test_group_baseline_without_critic_raises_logprob_of_better_samples(params):
     state = learner.init_state(learner.shard_params(params), jax.random.PRNGKey(1))
     assert state.critic_params == {}
     batch = _batch(seed=5)
-    del batch["values_old"], batch["durations"]  # not needed by this config
+    del batch["values_old"], batch["dt_s"]  # not needed by this config
     batch["response_mask"][2, 6:] = 1  # every row has a response
     before = learner.compute_logprobs(state.policy_params, batch["tokens"],
                                       batch["attention_mask"])
@@ -219,7 +219,7 @@ def _rollout(sampler, learner, state, prompts, rng):
                                              attention)
     return dict(tokens=tokens, attention_mask=attention, response_mask=response,
                 old_logprobs=old_logprobs, rewards=rewards,
-                durations=np.random.default_rng(int(rng[1])).uniform(1, 3, b).astype(np.float32),
+                dt_s=np.random.default_rng(int(rng[1])).uniform(1, 3, b).astype(np.float32),
                 values_old=np.asarray(lv["values"])), np.asarray(lv["logprobs"])
 
 

@@ -48,3 +48,17 @@ def test_solution_buffer_keeps_best_and_dedupes():
         counts[buf.sample(rng)["code"]] += 1
     assert counts["b"] > counts["c"] > 0
     assert SolutionBuffer.from_state_dict(buf.state_dict()).items == buf.items
+
+
+def test_older_logs_read_under_todays_names(tmp_path):
+    path = tmp_path / "experience.jsonl"
+    path.write_text(json.dumps({"episode_id": 0, "busy_s": 1.5, "duration_s": 1.5,
+                                "timings": {"execute_s": 1.75, "grade_s": 0.1}}) + "\n"
+                    + json.dumps({"episode_id": 1, "busy_s": 0.0}) + "\n")
+    old, older = ExperienceLog.read(path)
+    assert old == {"episode_id": 0, "duration_s": 1.5,
+                   "timings": {"sandbox_wall_s": 1.75, "grade_s": 0.1}}
+    assert older == {"episode_id": 1, "duration_s": 0.0}
+    log = ExperienceLog(path)
+    assert log.next_episode_id == 2
+    log.close()

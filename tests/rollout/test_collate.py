@@ -8,10 +8,10 @@ import pytest
 from rl4mle_jax.rollout.collate import build_batch, episode_durations
 
 
-def _exp(i, prompt, resp, logp, reward, started=0.0, finished=1.0, busy=0.0):
+def _exp(i, prompt, resp, logp, reward, started=0.0, finished=1.0, duration_s=0.0):
     return types.SimpleNamespace(episode_id=i, prompt_ids=prompt, response_ids=resp,
                                  logprobs=logp, reward=reward, started_at=started,
-                                 finished_at=finished, busy_s=busy)
+                                 finished_at=finished, duration_s=duration_s)
 
 
 def test_build_batch_layout():
@@ -26,7 +26,7 @@ def test_build_batch_layout():
     np.testing.assert_allclose(b["old_logprobs"][0], [0, 0, 0, -0.1, -0.2, -0.3, 0])
     np.testing.assert_allclose(b["old_logprobs"][1], [0, 0, 0, -0.5, 0, 0, 0])
     np.testing.assert_allclose(b["rewards"], [1.0, -10.0])
-    np.testing.assert_allclose(b["durations"], [2.0, 0.5])
+    np.testing.assert_allclose(b["dt_s"], [2.0, 0.5])
     np.testing.assert_allclose(episode_durations(exps, "execution"), [1.5, 0.05])
 
 

@@ -12,8 +12,7 @@ from rl4mle_jax.rollout.episode import EpisodeConfig, EpisodeRunner
 
 
 def _exp(started, finished, exec_s):
-    return SimpleNamespace(started_at=started, finished_at=finished, busy_s=exec_s,
-                           duration_s=exec_s)
+    return SimpleNamespace(started_at=started, finished_at=finished, duration_s=exec_s)
 
 
 def test_dt_is_dispatch_to_return_or_the_programs_own_time_with_a_floor():

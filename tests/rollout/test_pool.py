@@ -19,7 +19,7 @@ def test_completion_order_and_utilisation():
 
     async def run_episode(request):
         await asyncio.sleep(request["duration"])
-        return {"duration": request["duration"], "busy_s": request["duration"]}
+        return {"duration": request["duration"], "duration_s": request["duration"]}
 
     async def main():
         pool = RolloutPool(run_episode, lambda i: {"id": i, "duration": duration(i)},
@@ -78,7 +78,7 @@ def test_real_sandbox_programs_arrive_in_completion_order(tmp_path):
         res = await sandbox.arun(code, tmp_path / "input")
         res.cleanup()
         assert res.status == "ok", res.stderr
-        return {"sleep": request["sleep"], "busy_s": res.duration_s}
+        return {"sleep": request["sleep"], "duration_s": res.duration_s}
 
     async def main():
         pool = RolloutPool(run_episode,
@@ -91,4 +91,4 @@ def test_real_sandbox_programs_arrive_in_completion_order(tmp_path):
     batch = asyncio.run(main())
     assert [f.result["sleep"] for f in batch] == [fast] * 3
     assert all(f.episode_id != 0 for f in batch)
-    assert all(f.busy_s >= fast for f in batch)
+    assert all(f.duration_s >= fast for f in batch)
