@@ -32,7 +32,7 @@ def _mean(xs):
     return (float(np.mean(xs)), float(np.std(xs)), len(xs)) if xs else (None, None, 0)
 
 
-def overlay(root: Path, results: dict, key: str, out: Path) -> None:
+def overlay(results: dict, key: str, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,8 +86,8 @@ def main(argv):
     root.mkdir(parents=True, exist_ok=True)
     (root / "results.md").write_text("\n".join(lines) + "\n")
     (root / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    overlay(root, results, "reward/mean", root / "reward.png")
-    overlay(root, results, "score/best", root / "best_score.png")
+    overlay(results, "reward/mean", root / "reward.png")
+    overlay(results, "score/best", root / "best_score.png")
     print("\n".join(lines))
 
 

@@ -89,9 +89,8 @@ def instrument(code: str, instrumenter: Any = None) -> InstrumentedProgram:
                                    verification={"reason": f"instrument_error:{type(e).__name__}"})
 
 
-def _host_failure(reason: str, action: Action | None, program: InstrumentedProgram | None,
-                  nonce: str | None, res: Any, cfg: RewardConfig, timeout_s: float | None
-                  ) -> RewardRecord:
+def _host_failure(reason: str, nonce: str | None, res: Any, cfg: RewardConfig,
+                  timeout_s: float | None) -> RewardRecord:
     rec = RewardRecord(cfg.failure_reward, "failure", reason, normalisation=cfg.normalisation,
                        nonce=nonce, timeout_s=timeout_s)
     if res is not None:
@@ -133,8 +132,7 @@ def _score(res: Any, program: InstrumentedProgram, nonce: str, task: Any, split:
         raise  # the task is broken, not the program: stop loudly
     except Exception as e:  # noqa: BLE001 - a host step failing is the episode's -10, named
         log.exception("grading or reward failed for a %s run", split)
-        rec = _host_failure(f"host_error:{type(e).__name__}", action, program, nonce, res, cfg,
-                            timeout_s)
+        rec = _host_failure(f"host_error:{type(e).__name__}", nonce, res, cfg, timeout_s)
     finally:
         try:
             res.cleanup()
