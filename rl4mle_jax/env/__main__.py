@@ -4,7 +4,8 @@
     python -m rl4mle_jax.env prepare [--all | ID ...] [--force] [--reference auto|recorded|compute]
     python -m rl4mle_jax.env grade --task ID|DIR --submission FILE [--split reward|test]
     python -m rl4mle_jax.env run --task ID|DIR SCRIPT.py [--split ...] [--timeout S]
-        [--instrument static]   (adds milestone markers and prints the reward record)
+        [--instrument static]   (adds milestone markers; the reward record is printed either
+                                 way; exit 0 only when the reward rules call the run valid)
     python -m rl4mle_jax.env calibrate [--all | ID ...] [--write]
 
 Global: --data-root DIR (default $RL4MLE_DATA or ~/.cache/rl4mle_jax/tasks).
@@ -125,7 +126,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     out = run_program(task, args.script.read_text(), split=args.split, timeout_s=args.timeout,
                       sandbox=sandbox, instrument=args.instrument)
     _print(out)
-    return 0 if out["grade"]["valid"] else 1
+    return 0 if out["reward"]["status"] == "valid" else 1  # graded valid and really trained
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:

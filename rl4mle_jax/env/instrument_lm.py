@@ -226,7 +226,7 @@ def _verify(code: str, response: str) -> tuple[InstrumentedProgram | None, dict]
 
 # "lm": the frozen copy inserts the prints (verified, static fallback); "static": AST analysis;
 # "none": no markers.
-INSTRUMENT_MODES = ("lm", "static", "none")
+INSTRUMENT_MODES = ("static", "lm", "none")
 
 
 class NoGenerateError(ValueError):
@@ -247,7 +247,7 @@ class Instrumenter:
     def __init__(self, mode: str = "static", generate: Callable[[str], str] | None = None,
                  chat_template: Callable[[list[dict]], str] | None = None):
         if mode not in INSTRUMENT_MODES:
-            raise ValueError(f"instrumentation mode must be one of {INSTRUMENT_MODES}, got "
+            raise ValueError(f"instrumentation mode must be {'|'.join(INSTRUMENT_MODES)}, got "
                              f"{mode!r}")
         self.mode, self.generate, self.chat_template = mode, generate, chat_template
         self.stats: Counter = Counter()
