@@ -161,3 +161,21 @@ def test_oriented_score_and_the_reward_sign_agree():
     with pytest.raises(ValueError, match=r"direction must be one of \('higher', 'lower'\), "
                                          r"got 'up'"):
         oriented_score(1.0, "up")
+
+
+def test_only_env_execute_runs_and_grades_a_program():
+    """No second copy of run-and-grade: outside env/execute.py (and the sandbox package
+    itself) nothing calls a sandbox's run/arun on a program or grades a run directory."""
+    allowed = {"env/execute.py", "env/prompts.py"}  # prompts: the installed-library probe
+    pattern = re.compile(r"\bsandbox\.a?run\(|\bgrade_run\(|\bgrade_bytes\("
+                         r"|\bread_run_submission\(")
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith("env/sandbox/") or rel in allowed or rel in ("env/grading.py",
+                                                                       "env/submission.py"):
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{rel}:{i}: {line.strip()}")
+    assert not offenders, offenders
