@@ -16,6 +16,7 @@ LOCATIONS: dict[str, str] = {
     "leaf-species": "tabular:LEAF_SPECIES",
     "email-spam": "tabular:EMAIL_SPAM",
     "telco-churn": "tabular:TELCO_CHURN",
+    "synthetic-tradeoff": "synthetic:SYNTHETIC_TRADEOFF",
     "diamonds-price": "regression:DIAMONDS_PRICE",
     "diamonds-cut": "regression:DIAMONDS_CUT",
     "hotel-rates": "regression:HOTEL_RATES",

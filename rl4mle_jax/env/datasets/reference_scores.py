@@ -195,6 +195,27 @@ RECORDED: dict = {
    "strong": 0.956
   }
  },
+ "synthetic-tradeoff": {
+  "data_sha256": "11a10fcc34072b69b9c368502687cc098445c9baa5a86b4365f69c3fc22e5cef",
+  "reward": {
+   "baseline": 0.656262,
+   "strong": 0.735513
+  },
+  "runtime_s": {
+   "reward": {
+    "baseline": 2.41,
+    "strong": 16.59
+   },
+   "test": {
+    "baseline": 2.22,
+    "strong": 14.69
+   }
+  },
+  "test": {
+   "baseline": 0.643703,
+   "strong": 0.722548
+  }
+ },
  "telco-churn": {
   "data_sha256": "0da639d961c6ef578ccfd04ff2221f86175e1dd34aeaee2a5412b42aa4510eb1",
   "reward": {
