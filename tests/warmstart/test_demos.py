@@ -67,6 +67,23 @@ def test_generated_programs_are_varied_python(task_id, data_root):
     assert [p.code for p in demos.generate_programs(task, n=10, seed=1)] != [p.code for p in progs]
 
 
+def test_tradeoff_task_demos_cover_the_fast_and_the_slow_family(data_root):
+    # The warm start's demonstrations show both actions of the paper's trade-off (logistic
+    # regression, ~2 s; 300 boosting stages, >= 10 s), so duration weighting has both to weigh.
+    from rl4mle_jax.warmstart.config import WarmStartConfig
+
+    task = _task("synthetic-tradeoff", data_root)
+    progs = demos.generate_programs(task, n=WarmStartConfig().demos_per_task, seed=0)
+    families = [p.family for p in progs]
+    assert {"logistic", "long_boosting"} <= set(families), families
+    slow = next(p for p in progs if p.family == "long_boosting")
+    assert "GradientBoostingClassifier(n_estimators=300," in slow.code
+    assert "LogisticRegression(" in next(p for p in progs if p.family == "logistic").code
+    # Multi-class tasks never get it (one tree per class and stage would pass the demo timeout).
+    assert "long_boosting" not in {p.family for p in demos.generate_programs(
+        _task("diamonds-cut", data_root), n=20)}
+
+
 def test_log_target_for_rmsle_and_proba_columns(data_root):
     code = demos.generate_programs(_task("diamonds-price", data_root), n=1)[0].code
     assert "np.log1p(train[target])" in code and "np.expm1(" in code
