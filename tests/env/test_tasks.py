@@ -274,3 +274,15 @@ def test_listing_and_loading_by_id_do_not_import_the_builders():
     from rl4mle_jax.env.suite import local_task_ids
 
     assert sorted(REGISTRY) == local_task_ids()
+
+
+def test_tradeoff_task_is_seeded_and_records_the_papers_trade_off():
+    from rl4mle_jax.env.datasets.reference_scores import RECORDED
+
+    d = REGISTRY["synthetic-tradeoff"]
+    pd.testing.assert_frame_equal(d.load().frame, d.load().frame)
+    rec = RECORDED["synthetic-tradeoff"]
+    for split in ("reward", "test"):  # measured by `calibrate` in the sandbox (cpus=1)
+        assert rec[split]["strong"] - rec[split]["baseline"] >= 0.05, rec[split]
+        assert rec["runtime_s"][split]["strong"] >= 10.0, rec["runtime_s"]
+        assert rec["runtime_s"][split]["strong"] >= 5 * rec["runtime_s"][split]["baseline"]
