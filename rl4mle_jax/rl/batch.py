@@ -1,9 +1,15 @@
 """Host-side check of a learner batch against the contract (before it enters the jitted step).
 
 Keys and shapes: tokens, attention_mask, response_mask, old_logprobs, ref_logprobs,
-values_old [B, T]; rewards, dt_s (Δt, s), group_ids [B]. Which keys are required depends on the
-learner config (`required_batch_keys`). Host (numpy) arrays are also checked for values:
+values_old [B, T]; rewards, dt_s (Δt, s), group_ids, fresh [B]. Which keys are required depends
+on the learner config (`required_batch_keys`). Host (numpy) arrays are also checked for values:
 finite floats, token ids within the vocabulary, dt_s >= 0.
+
+values_old is optional when the step makes one update from one forward over the whole batch
+(`old_values_in_step`): the critic's values at the current params are then that forward's own
+values, so the step takes them from it (under stop_gradient) instead of from a separate pass.
+fresh (optional, 1 for rows sampled with the params being trained) selects the rows of the
+behaviour log-prob gap metric; without it every row counts.
 """
 
 from __future__ import annotations
@@ -19,13 +25,23 @@ from rl4mle_jax.rl.learner_config import LearnerConfig
 Batch = dict[str, Any]
 BT_KEYS = ("tokens", "attention_mask", "response_mask", "old_logprobs", "ref_logprobs",
            "values_old")
-B_KEYS = ("rewards", "dt_s", "group_ids")
+B_KEYS = ("rewards", "dt_s", "group_ids", "fresh")
 _INT_KEYS = ("tokens", "group_ids")
+
+
+def single_pass(config: LearnerConfig) -> bool:
+    """One optimizer update from one forward over the whole batch, at the current params."""
+    return config.ppo_epochs == 1 and config.num_minibatches == 1 and not config.micro_batch_size
+
+
+def old_values_in_step(config: LearnerConfig) -> bool:
+    """Whether the step can take values_old from its own forward (no separate pass needed)."""
+    return config.uses_critic and single_pass(config)
 
 
 def required_batch_keys(config: LearnerConfig) -> tuple[str, ...]:
     keys = ["tokens", "attention_mask", "response_mask", "old_logprobs", "rewards", "dt_s"]
-    if config.uses_critic:
+    if config.uses_critic and not old_values_in_step(config):
         keys.append("values_old")
     if config.uses_ref:
         keys.append("ref_logprobs")
@@ -68,6 +84,8 @@ def prepare_batch(batch: Batch, config: LearnerConfig, batch_divisor: int = 1,
             raise ValueError(f"batch size {b} is not a multiple of group_size {config.group_size}")
         batch["group_ids"] = np.arange(b, dtype=np.int32) // config.group_size
     keys = required_batch_keys(config)
+    optional = (["values_old"] if config.uses_critic else []) + ["fresh"]
+    keys = keys + tuple(k for k in optional if k in batch and k not in keys)
     missing = [k for k in keys if k not in batch]
     if missing:
         raise KeyError(f"batch is missing {missing} (have {sorted(batch)}); this learner config "

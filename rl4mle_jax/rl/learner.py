@@ -2,10 +2,18 @@
 
 Per train_step, on the whole batch (before any splitting, so that the statistics are batch
 level): token rewards (KL-in-reward optional) → advantages and returns (`rl.advantages`, from
-the critic values recorded at rollout time), duration weights (`rl.duration`). Then
-`ppo_epochs` × `num_minibatches` optimizer updates; each update accumulates gradients over
-micro-batches with a `lax.scan`, every micro-batch loss normalised by its minibatch's token
-(or sequence) count, so the sum equals the loss of the whole minibatch exactly.
+the critic's values_old), duration weights (`rl.duration`). Then `ppo_epochs` ×
+`num_minibatches` optimizer updates; each update accumulates gradients over micro-batches with
+a `lax.scan`, every micro-batch loss normalised by its minibatch's token (or sequence) count, so
+the sum equals the loss of the whole minibatch exactly.
+
+With one update from one forward over the whole batch (`rl.batch.single_pass`, the default:
+1 epoch, 1 minibatch, no micro-batches) a batch without values_old takes them from that
+forward's own values (stop_gradient), so advantages are computed inside the loss and no
+separate old-values pass is needed; the result equals that of the two-pass path. The same
+forward gives the learner's log-probs at the current params, hence the metric
+`behaviour_logp_gap_max` (max |learner − sampler log-prob| over the response tokens of the
+rows marked `fresh`).
 
 Batch (see the contract in the helpers' brief): tokens, attention_mask, response_mask,
 old_logprobs [B, T] (position t: log p(tokens[t] | tokens[<t]), at the sampling temperature),
@@ -28,7 +36,7 @@ from rl4mle_jax import sharding as shd
 from rl4mle_jax.rl import advantages as adv_lib
 from rl4mle_jax.rl import critic as critic_lib
 from rl4mle_jax.rl import duration, ppo
-from rl4mle_jax.rl.batch import Batch, prepare_batch, required_batch_keys
+from rl4mle_jax.rl.batch import Batch, prepare_batch, required_batch_keys, single_pass
 from rl4mle_jax.rl.learner_config import LearnerConfig
 from rl4mle_jax.rl.state import (
     TrainState,
@@ -40,7 +48,7 @@ from rl4mle_jax.rl.state import (
 
 # How per-micro-batch metrics combine into one number (default: token-weighted mean).
 _SUMMED = ("loss", "pg_loss", "vf_loss", "actor_loss", "kl_loss", "entropy")  # already /full count
-_MAXED = ("ratio_max",)
+_MAXED = ("ratio_max", "behaviour_logp_gap_max")
 _MINNED = ("ratio_min",)
 
 
@@ -209,10 +217,31 @@ class Learner:
         return self._chunked(fn, tokens_bt, attention_mask_bt)
 
     # --------------------------------------------------------------------- the update
+    def _advantages(self, x: Batch, values_bt: jax.Array | None) -> adv_lib.Advantages:
+        cfg = self.config
+        return adv_lib.compute_advantages(
+            cfg.advantage_estimator, x["rewards"].astype(jnp.float32), x["mask"],
+            values_bt=values_bt, kl_bt=x.get("kl_ref") if cfg.kl_mode == "reward" else None,
+            kl_coef=cfg.kl_coef, group_ids_b=x.get("group_ids"), gamma=cfg.gamma, lam=cfg.lam,
+            whiten_advantages=cfg.whiten_advantages)
+
     def _loss(self, policy, critic, x, normalizer, entropy_coef):
         cfg = self.config
         logits, values = self._model_outputs(policy, critic, x["tokens"], x["attention_mask"])
         logp, entropy = token_logprobs_and_entropy(logits, x["tokens"])
+        step_metrics = {}
+        if "advantages" not in x:  # single pass: the old values are this forward's values
+            values_old = jax.lax.stop_gradient(values)
+            advs = self._advantages(x, values_old)
+            x = {**x, "values_old": values_old, "advantages": advs.advantages_bt,
+                 "returns": advs.returns_bt}
+            step_metrics = {"advantages_mean": ppo.masked_mean(advs.advantages_bt, x["mask"]),
+                            "returns_mean": ppo.masked_mean(advs.returns_bt, x["mask"]),
+                            "values_old_mean": ppo.masked_mean(values_old, x["mask"])}
+        if "fresh" in x:  # single pass: logp is at the params the fresh rows were sampled with
+            gap = jnp.abs(jax.lax.stop_gradient(logp) - x["old_logprobs"])
+            step_metrics["behaviour_logp_gap_max"] = jnp.max(gap * x["mask"]
+                                                             * x["fresh"][:, None])
         if cfg.entropy_coef == 0 and cfg.entropy_coef_end == 0:
             entropy = jax.lax.stop_gradient(entropy)  # a metric only: skip its backward pass
         in_loss_kl = cfg.uses_ref and cfg.kl_mode == "loss"
@@ -228,6 +257,7 @@ class Learner:
                 agg_mode=cfg.agg_mode, normalizer=normalizer)
             loss = loss + (cfg.vf_coef if cfg.critic == "shared" else 1.0) * v_loss
             metrics.update(v_metrics)
+        metrics.update(step_metrics)
         return loss, metrics
 
     def _minibatch_grads(self, policy, critic, mb, entropy_coef):
@@ -263,23 +293,32 @@ class Learner:
         valid_b = jnp.sum(mask, axis=1) > 0
         old_logprobs = batch["old_logprobs"].astype(jnp.float32)
 
+        one_pass = single_pass(cfg)
+        values_in_step = cfg.uses_critic and "values_old" not in batch
+        if values_in_step and not one_pass:
+            raise ValueError("batch has no 'values_old': only a single-pass step (ppo_epochs=1, "
+                             "num_minibatches=1, micro_batch_size=0) computes them itself")
+
         kl_ref = None
         if cfg.uses_ref:
             kl_ref = ppo.kl_penalty(old_logprobs, batch["ref_logprobs"], cfg.kl_estimator)
-        advs = adv_lib.compute_advantages(
-            cfg.advantage_estimator, batch["rewards"].astype(jnp.float32), mask,
-            values_bt=batch["values_old"].astype(jnp.float32) if cfg.uses_critic else None,
-            kl_bt=kl_ref if cfg.kl_mode == "reward" else None, kl_coef=cfg.kl_coef,
-            group_ids_b=batch.get("group_ids"), gamma=cfg.gamma, lam=cfg.lam,
-            whiten_advantages=cfg.whiten_advantages)
         weights_b = duration.duration_weights(batch["dt_s"], cfg.duration_weighting,
                                               valid_b=valid_b, max_weight=cfg.duration_max_weight)
         rows = {"tokens": tokens, "attention_mask": batch["attention_mask"], "mask": mask,
-                "old_logprobs": old_logprobs, "advantages": advs.advantages_bt,
-                "returns": advs.returns_bt, "weights": weights_b}
-        for k in ("ref_logprobs", "values_old"):
+                "old_logprobs": old_logprobs, "weights": weights_b,
+                "rewards": batch["rewards"].astype(jnp.float32)}
+        for k in ("ref_logprobs", "values_old", "group_ids"):
             if k in batch:
-                rows[k] = batch[k].astype(jnp.float32)
+                rows[k] = batch[k] if k == "group_ids" else batch[k].astype(jnp.float32)
+        if kl_ref is not None:
+            rows["kl_ref"] = kl_ref
+        if one_pass:
+            rows["fresh"] = batch["fresh"].astype(jnp.float32) if "fresh" in batch else (
+                jnp.ones((b,), jnp.float32))
+        advs = None
+        if not values_in_step:  # else the loss computes them from its forward's values
+            advs = self._advantages(rows, rows["values_old"] if cfg.uses_critic else None)
+            rows["advantages"], rows["returns"] = advs.advantages_bt, advs.returns_bt
 
         # Row indices of every (update, micro-batch): [U, n_micro, micro_bs].
         n_mb = b // cfg.num_minibatches
@@ -320,14 +359,15 @@ class Learner:
             "lr_critic": self.critic_schedule(last_update),
             "reward_mean": jnp.sum(batch["rewards"] * valid_b) / n_valid,
             "response_length_mean": jnp.sum(mask) / n_valid,
-            "advantages_mean": ppo.masked_mean(advs.advantages_bt, mask),
-            "returns_mean": ppo.masked_mean(advs.returns_bt, mask),
             "duration_weight_max": jnp.max(weights_b),
             "dt_s/mean": jnp.sum(batch["dt_s"] * valid_b) / n_valid,
         })
         if kl_ref is not None:
             metrics["kl_ref_behaviour"] = ppo.masked_mean(kl_ref, mask)
-        if cfg.uses_critic:
+        if advs is not None:
+            metrics["advantages_mean"] = ppo.masked_mean(advs.advantages_bt, mask)
+            metrics["returns_mean"] = ppo.masked_mean(advs.returns_bt, mask)
+        if cfg.uses_critic and not values_in_step:
             metrics["values_old_mean"] = ppo.masked_mean(batch["values_old"], mask)
         new_state = state.replace(step=state.step + 1, policy_params=policy, critic_params=critic,
                                   actor_opt_state=a_opt, critic_opt_state=c_opt, rng=rng)

@@ -5,7 +5,7 @@ import types
 import numpy as np
 import pytest
 
-from rl4mle_jax.rollout.collate import build_batch, episode_durations
+from rl4mle_jax.rollout.collate import bucket_length, build_batch, episode_durations
 
 
 def _exp(i, prompt, resp, logp, reward, started=0.0, finished=1.0, duration_s=0.0):
@@ -37,3 +37,20 @@ def test_build_batch_errors_name_the_episode():
         build_batch([_exp(4, [1], [5], [0.0, 0.0], 0.0)], 3, 4, 0)
     with pytest.raises(ValueError, match="duration source"):
         episode_durations([], "cpu")
+
+
+def test_build_batch_pads_to_its_length_bucket():
+    """P and R: the longest prompt / response rounded up to the bucket, capped at the maxima;
+    the real tokens are those of the max-padded batch, with the same alignment."""
+    exps = [_exp(0, [5, 6, 7, 8, 9], [1, 2], [-0.1, -0.2], 1.0),
+            _exp(1, [4], [3, 3, 3, 3, 3, 3, 3], [-0.5] * 7, 0.0)]
+    b = build_batch(exps, max_prompt=16, max_response=32, pad_id=0, length_bucket=4)
+    full = build_batch(exps, max_prompt=16, max_response=32, pad_id=0)
+    assert b["tokens"].shape == (2, 8 + 8) and full["tokens"].shape == (2, 48)
+    for k in ("tokens", "attention_mask", "response_mask", "old_logprobs"):
+        np.testing.assert_array_equal(b[k], full[k][:, 16 - 8:16 + 8], err_msg=k)
+        assert not full[k][:, :16 - 8].any() and not full[k][:, 16 + 8:].any()
+    capped = build_batch(exps, max_prompt=6, max_response=7, pad_id=0, length_bucket=4)
+    assert capped["tokens"].shape == (2, 6 + 7)
+    assert bucket_length(0, 64, 512) == 64 and bucket_length(65, 64, 512) == 128
+    assert bucket_length(500, 64, 480) == 480 and bucket_length(3, 0, 512) == 512
