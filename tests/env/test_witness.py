@@ -173,7 +173,8 @@ for fd in range(3, 1024):
     "memmove": "import ctypes\nb = ctypes.create_string_buffer(8)\nctypes.memmove(b, id(0), 8)\n",
     "dlsym": "import ctypes\nctypes.CDLL(None).process_vm_readv\n",
     "proc_mem": "open('/proc/self/mem', 'rb')\n",
-    "proc_maps_link": "import os\nos.symlink('/proc/self/maps', '/tmp/m')\nopen('/tmp/m').read()\n",
+    "proc_maps_link": ("import os\nos.symlink('/proc/self/smaps', '/tmp/m')\n"
+                       "open('/tmp/m').read()\n"),
     "proc_fd": "import os\nos.listdir('/proc/self/fd')\n",
     "dev_fd": "import os\nos.listdir('/dev/fd')\n",
     "dir_fd": "import os\nd = os.open('/proc', os.O_RDONLY)\nos.open('self/mem', 0, dir_fd=d)\n",
@@ -266,3 +267,18 @@ def test_overhead_is_small(input_dir):
     ratio = statistics.median(times[True]) / statistics.median(times[False])
     print(f"witness overhead: {ratio:.3f}x ({times})")
     assert ratio < 1.3, times
+
+
+def test_libraries_that_list_their_own_mappings_run_untouched(sb, input_dir):
+    """threadpoolctl (KNN, KMeans) and torch read /proc/self/maps: an honest program using
+    them must not trip the witness (a refusal voids every credit)."""
+    code = HONEST.replace("from sklearn.linear_model import LogisticRegression",
+                          "from sklearn.neighbors import KNeighborsClassifier\n"
+                          "from threadpoolctl import threadpool_info\n"
+                          "assert threadpool_info() is not None").replace(
+        "LogisticRegression()", "KNeighborsClassifier(3)")
+    res = run(sb, code, input_dir)
+    ev = res.evidence
+    assert res.status == "ok", res.stderr[-2000:]
+    assert ev["verified"] and ev["refused"] == [], ev
+    assert "model_trained" in ev["milestones"] and "predictions_made" in ev["milestones"]

@@ -175,7 +175,9 @@ def _install(sys, os, _thread, builtins, kfd, efd, main_path):
                 out.append(c)
         return "/" + "/".join(out)
 
-    PROC_BAD = frozenset(("mem", "maps", "smaps", "smaps_rollup", "numa_maps", "pagemap",
+    # /proc/<pid>/maps stays readable: threadpoolctl (scikit-learn's thread limits) and torch
+    # list loaded libraries from it; it shows the address layout, not memory contents.
+    PROC_BAD = frozenset(("mem", "smaps", "smaps_rollup", "numa_maps", "pagemap",
                           "map_files", "environ", "fd", "fdinfo", "syscall", "auxv", "stack"))
 
     def proc_bad(p):
