@@ -1,0 +1,189 @@
+"""A study of several variants × seeds: its learning curves, Δt over time and ablation table.
+
+A study is a directory `<root>/<variant>/seed<k>/` of ordinary run workdirs (what
+`experiments/sweep.py` writes). Everything here reads the workdirs' own files, so any finished
+or interrupted run can be redrawn:
+
+  metrics.jsonl      one row per learner step (reward/mean, wall_s, ...)
+  experience.jsonl   one row per finished episode (reward record, duration_s, selected, ...)
+  eval_initial.json / eval_final.json   best-of-N before and after RL
+
+Figures follow the paper's: learning curves with across-seed bands (Fig. 7), the mean Δt of the
+trained episodes over time per variant (Fig. 8), reward with and without instrumentation
+(Fig. 9).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rl4mle_jax.tracking import read_metrics
+
+
+@dataclass
+class Run:
+    variant: str
+    seed: int
+    workdir: Path
+    metrics: list[dict[str, float]] = field(default_factory=list)
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+    initial: dict[str, Any] | None = None
+    final: dict[str, Any] | None = None
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a crash: the rest is still good
+            continue
+    return rows
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def load_run(workdir: str | Path, variant: str = "run", seed: int = 0) -> Run:
+    wd = Path(workdir)
+    metrics = read_metrics(wd / "metrics.jsonl") if (wd / "metrics.jsonl").exists() else []
+    return Run(variant, seed, wd, metrics, _read_jsonl(wd / "experience.jsonl"),
+               _read_json(wd / "eval_initial.json"), _read_json(wd / "eval_final.json"))
+
+
+def load_study(root: str | Path) -> dict[str, list[Run]]:
+    """{variant: [runs by seed]} from `<root>/<variant>/seed<k>/` (a bare workdir: one run)."""
+    root = Path(root)
+    if (root / "metrics.jsonl").exists():
+        return {"run": [load_run(root)]}
+    out: dict[str, list[Run]] = {}
+    for vdir in sorted(p for p in root.iterdir() if p.is_dir()):
+        runs = [load_run(s, vdir.name, int(s.name[4:]))
+                for s in sorted(vdir.glob("seed*")) if s.name[4:].isdigit()]
+        if runs:
+            out[vdir.name] = runs
+    return out
+
+
+# ---------------------------------------------------------------- curves
+def curve(run: Run, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(wall-clock minutes, values) of one metric over learner steps."""
+    rows = [r for r in run.metrics if key in r and math.isfinite(r[key])]
+    return (np.asarray([r["wall_s"] / 60 for r in rows]), np.asarray([r[key] for r in rows]))
+
+
+def trained_dt_curve(run: Run, window: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """(minutes, mean duration_s of the trained episodes in a sliding window of `window`)."""
+    eps = [e for e in run.episodes if e.get("selected") and "duration_s" in e
+           and e.get("wall_s") is not None]
+    if not eps:
+        return np.zeros(0), np.zeros(0)
+    t = np.asarray([e["wall_s"] / 60 for e in eps])
+    dt = np.asarray([float(e["duration_s"]) for e in eps])
+    kernel = np.ones(min(window, len(dt))) / min(window, len(dt))
+    return t[len(kernel) - 1:], np.convolve(dt, kernel, mode="valid")
+
+
+def band(runs: list[Run], key: str, grid_points: int = 50
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(grid, mean, std) across seeds of a metric, each run held at its last value (step
+    function) on a common wall-clock grid up to the shortest run's end."""
+    curves = [curve(r, key) for r in runs]
+    curves = [c for c in curves if len(c[0])]
+    if not curves:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    end = min(c[0][-1] for c in curves)
+    start = max(c[0][0] for c in curves)
+    grid = np.linspace(start, max(end, start), grid_points)
+    vals = np.stack([c[1][np.clip(np.searchsorted(c[0], grid, side="right") - 1, 0, None)]
+                     for c in curves])
+    return grid, vals.mean(axis=0), vals.std(axis=0)
+
+
+def plot_bands(study: dict[str, list[Run]], key: str = "reward/mean", ax: Any = None,
+               variants: list[str] | None = None, title: str | None = None) -> Any:
+    """Mean ± std across seeds of `key` against wall-clock, one band per variant."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(7, 4))[1]
+    for i, variant in enumerate(variants or list(study)):
+        grid, mean, std = band(study[variant], key)
+        if not len(grid):
+            continue
+        ax.plot(grid, mean, color=f"C{i}", label=f"{variant} (n={len(study[variant])})")
+        ax.fill_between(grid, mean - std, mean + std, color=f"C{i}", alpha=0.2)
+    ax.set_xlabel("wall-clock (min)")
+    ax.set_title(title or key)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_trained_dt(study: dict[str, list[Run]], ax: Any = None) -> Any:
+    """Mean Δt (duration_s) of the trained episodes over time, per variant and seed."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(7, 4))[1]
+    for i, (variant, runs) in enumerate(study.items()):
+        for j, run in enumerate(runs):
+            t, dt = trained_dt_curve(run)
+            if len(t):
+                ax.plot(t, dt, color=f"C{i}", alpha=0.8, label=variant if j == 0 else None)
+    ax.set_xlabel("wall-clock (min)")
+    ax.set_ylabel("mean duration_s of trained episodes (s)")
+    ax.set_title("Δt of the trained episodes")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+# ---------------------------------------------------------------- table
+def _pick(ev: dict[str, Any] | None, key: str) -> float | None:
+    return None if not ev else (ev.get("pick") or {}).get(key)
+
+
+def time_to_first_valid(run: Run) -> float | None:
+    """Wall-clock seconds of the first episode whose reward record is valid."""
+    times = [e.get("wall_s") for e in run.episodes
+             if (e.get("record") or {}).get("status") == "valid" and e.get("wall_s") is not None]
+    return min(times) if times else None
+
+
+def summary_row(runs: list[Run]) -> dict[str, tuple[float | None, float | None, int]]:
+    """Per column: (mean, std, n) over the seeds that have a value."""
+    def stat(xs):
+        xs = [float(x) for x in xs if x is not None]
+        return (float(np.mean(xs)), float(np.std(xs)), len(xs)) if xs else (None, None, 0)
+
+    return {
+        "final pick: reward split": stat(_pick(r.final, "reward_score") for r in runs),
+        "final pick: test split": stat(_pick(r.final, "test_score") for r in runs),
+        "final valid rate": stat((r.final or {}).get("valid_rate") for r in runs),
+        "initial valid rate": stat((r.initial or {}).get("valid_rate") for r in runs),
+        "learner steps": stat((r.metrics[-1]["step"] if r.metrics else None) for r in runs),
+        "time to first valid (s)": stat(time_to_first_valid(r) for r in runs),
+    }
+
+
+def ablation_table(study: dict[str, list[Run]]) -> str:
+    """Markdown: one row per variant, mean ± std over seeds for each column."""
+    rows = {v: summary_row(runs) for v, runs in study.items()}
+    cols = list(next(iter(rows.values()))) if rows else []
+    lines = ["| variant | seeds | " + " | ".join(cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
+    for variant, row in rows.items():
+        cells = ["—" if m is None else f"{m:.4g} ± {s:.2g}" for m, s, _ in row.values()]
+        lines.append(f"| {variant} | {len(study[variant])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

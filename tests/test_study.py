@@ -1,0 +1,59 @@
+"""Study readers: bands across seeds, Δt of trained episodes, the ablation table."""
+
+import json
+
+import numpy as np
+import pytest
+
+from rl4mle_jax import study as st
+
+
+def _write_run(wd, rewards, walls, episodes=(), final=None):
+    wd.mkdir(parents=True)
+    (wd / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i + 1, "wall_s": w, "reward/mean": r}) + "\n"
+        for i, (r, w) in enumerate(zip(rewards, walls))))
+    (wd / "experience.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes)
+                                         + "{cut by a crash")
+    if final is not None:
+        (wd / "eval_final.json").write_text(json.dumps(final))
+
+
+@pytest.fixture
+def study_dir(tmp_path):
+    eps = [{"selected": True, "wall_s": 30.0 * k, "duration_s": float(k),
+            "record": {"status": "valid" if k >= 2 else "failure"}} for k in range(1, 5)]
+    _write_run(tmp_path / "full" / "seed0", [-5.0, -1.0], [60.0, 120.0], eps,
+               {"valid_rate": 0.5, "pick": {"reward_score": 0.8, "test_score": 0.7}})
+    _write_run(tmp_path / "full" / "seed1", [-3.0, 1.0], [60.0, 180.0], (),
+               {"valid_rate": 1.0, "pick": {"reward_score": 0.9, "test_score": 0.8}})
+    _write_run(tmp_path / "no_instrumentation" / "seed0", [-9.0], [90.0])
+    return tmp_path
+
+
+def test_band_is_the_mean_and_std_of_step_functions_on_a_common_grid(study_dir):
+    study = st.load_study(study_dir)
+    assert {v: [r.seed for r in runs] for v, runs in study.items()} == {
+        "full": [0, 1], "no_instrumentation": [0]}
+    grid, mean, std = st.band(study["full"], "reward/mean", grid_points=3)
+    np.testing.assert_allclose(grid, [1.0, 1.5, 2.0])  # minutes, up to the shorter run's end
+    ref = np.array([[-5.0, -5.0, -1.0], [-3.0, -3.0, -3.0]])  # each run's last value so far
+    np.testing.assert_allclose(mean, ref.mean(0))
+    np.testing.assert_allclose(std, ref.std(0))
+
+
+def test_trained_dt_and_first_valid_and_table(study_dir):
+    run = st.load_study(study_dir)["full"][0]
+    assert len(run.episodes) == 4  # the cut last line is skipped
+    t, dt = st.trained_dt_curve(run, window=2)
+    np.testing.assert_allclose(dt, [1.5, 2.5, 3.5])
+    np.testing.assert_allclose(t, [1.0, 1.5, 2.0])
+    assert st.time_to_first_valid(run) == 60.0
+    table = st.ablation_table(st.load_study(study_dir))
+    assert "| full | 2 | 0.85 ± 0.05 | 0.75 ± 0.05 | 0.75 ± 0.25 |" in table, table
+    assert "| no_instrumentation | 1 | — |" in table
+
+
+def test_a_single_workdir_is_a_study_of_one_run(study_dir):
+    study = st.load_study(study_dir / "full" / "seed0")
+    assert list(study) == ["run"] and len(study["run"][0].metrics) == 2
