@@ -23,6 +23,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.base.run.progress = False
     c.variants = ml_collections.ConfigDict(ablations.VARIANTS)
     c.seeds = (0, 1, 2)
-    c.tasks = ("food-reviews",)  # + the trade-off task once it is in the suite
+    c.tasks = ("synthetic-tradeoff", "food-reviews")  # the trade-off task and a text task
     c.docs_dir = "docs/reproduction"
     return c
