@@ -166,6 +166,9 @@ class RunConfig:
     max_staleness: int = 4  # policy versions; older episodes are dropped
     duration_source: str = "episode"  # Δt for the weights, see rollout.collate.DURATION_SOURCES
     duration_floor_s: float = DURATION_FLOOR_S  # the least Δt
+    # Learner batches pad prompt and response to the batch's longest, rounded up to a multiple
+    # of this (one compile per shape); 0: to the configured maxima (one shape, more padding).
+    length_bucket: int = 64
     buffer_size: int = 16
     checkpoint_every: int = 2
     keep_checkpoints: int = 2
@@ -180,6 +183,7 @@ class RunConfig:
         _need(self.duration_floor_s >= 0, "duration_floor_s",
               f"must be >= 0, got {self.duration_floor_s}")
         _need(0.0 <= self.improve_prob <= 1.0, "improve_prob", "must be in [0, 1]")
+        _need(self.length_bucket >= 0, "length_bucket", f"must be >= 0, got {self.length_bucket}")
 
 
 @dataclasses.dataclass(frozen=True)

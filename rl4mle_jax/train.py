@@ -34,6 +34,7 @@ from rl4mle_jax.components import Components, build_components
 from rl4mle_jax.env.instrument_lm import Instrumenter
 from rl4mle_jax.env.instrument_static import MILESTONES
 from rl4mle_jax.report import brief_eval, write_best_solution, write_report
+from rl4mle_jax.rl.batch import old_values_in_step
 from rl4mle_jax.rl.learner import make_learner
 from rl4mle_jax.rollout.buffer import ExperienceLog, SolutionBuffer
 from rl4mle_jax.rollout.collate import build_batch
@@ -106,6 +107,7 @@ class _Trainer:
         self.metrics = MetricLogger(workdir, resume_step=latest or 0)
         self.loop = LoopState()
         self.buffer = SolutionBuffer(run.buffer_size)
+        self._step_shapes: set[tuple[int, int]] = set()  # batch shapes the step compiled for
         self.frozen = self.learner.shard_params(comps.params)  # never updated
         if latest is None:
             self.state = self.learner.init_state(self.frozen,
@@ -226,34 +228,46 @@ class _Trainer:
         return exp
 
     def _learn(self, batch: list[Experience]) -> dict[str, float]:
-        """Runs on the device lane: batch → old values (and ref log-probs) → train_step."""
+        """Runs on the device lane: batch → (old values, ref log-probs if needed) → train_step."""
         cfg = self.config
         arrays = build_batch(batch, cfg.prompt.max_prompt_tokens, cfg.prompt.max_response_tokens,
                              self.c.tokenizer.pad_id, cfg.run.duration_source,
-                             cfg.run.duration_floor_s)
+                             cfg.run.duration_floor_s, length_bucket=cfg.run.length_bucket)
         learner, t0 = self.learner, time.perf_counter()
         tokens, mask = arrays["tokens"], arrays["attention_mask"]
-        if learner.config.uses_critic:
+        fresh = np.asarray([e.params_version == self.loop.version for e in batch], np.float32)
+        new_shape = tokens.shape not in self._step_shapes
+        self._step_shapes.add(tokens.shape)
+        behaviour_gap = None
+        if learner.config.uses_critic and not old_values_in_step(learner.config):
+            # Several updates per batch: the advantages need values fixed before the first.
             out = learner.compute_logprobs_and_values(
                 self.state.policy_params, self.state.critic_params, tokens, mask)
             arrays["values_old"] = out["values"]
-            fresh = [e.params_version == self.loop.version for e in batch]
-            resp = arrays["response_mask"] * np.asarray(fresh, np.float32)[:, None]
-            behaviour_gap = np.abs(np.asarray(out["logprobs"]) - arrays["old_logprobs"]) * resp
-        else:
-            behaviour_gap = None
+            resp = arrays["response_mask"] * fresh[:, None]
+            behaviour_gap = float((np.abs(np.asarray(out["logprobs"]) - arrays["old_logprobs"])
+                                   * resp).max())
+        else:  # the train step's own forward gives the old values and the learner log-probs
+            arrays["fresh"] = fresh
         if learner.config.uses_ref:
             arrays["ref_logprobs"] = learner.compute_logprobs(self.frozen, tokens, mask)
         self.state, metrics = learner.train_step(self.state, arrays)
         out = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        # Sampler vs learner log-probs of the same tokens under the same params (only at
+        # staleness 0): a check that both compute the same distribution.
+        if "behaviour_logp_gap_max" in out:
+            behaviour_gap = out.pop("behaviour_logp_gap_max")
         if behaviour_gap is not None:
-            # Sampler vs learner log-probs of the same tokens under the same params (only at
-            # staleness 0): a check that both compute the same distribution.
-            out["learner/behaviour_logp_gap_max"] = float(behaviour_gap.max())
+            out["learner/behaviour_logp_gap_max"] = behaviour_gap
         self.loop.step += 1
         self.loop.version += 1
         self.loop.episodes_trained += len(batch)
         out["time/train_step_s"] = time.perf_counter() - t0
+        out["learner/seq_len"] = float(tokens.shape[1])
+        out["learner/compiled_shapes"] = float(len(self._step_shapes))
+        if new_shape:  # this step's time includes compiling the step for the new shape
+            log.info("train step for batch shape %s (new, %d shapes so far): %.1f s",
+                     tokens.shape, len(self._step_shapes), out["time/train_step_s"])
         return out
 
     def _rollout_metrics(self, batch: list[Experience], pool: RolloutPool,

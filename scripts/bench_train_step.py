@@ -3,6 +3,20 @@
     .venv/bin/python scripts/bench_train_step.py                  # default sizes, batch 8 × 128
     .venv/bin/python scripts/bench_train_step.py --sizes tiny,s --batch 16 --seq 256
     .venv/bin/python scripts/bench_train_step.py --mesh 1,2,4      # data,fsdp,tensor
+    .venv/bin/python scripts/bench_train_step.py --real            # the default run's batches
+
+--real: the learner step of the default run (configs/task.py) on batches of its real lengths:
+the warm start's model (preset "tiny"), batch 8, prompts of ~480 and responses of ~265 tokens
+(the lengths the default run sees; limits 512 + 768), timed as train.py's `_learn` runs it
+(old-values pass when there is one + train_step). Modes, interleaved (one step of each in
+turn, --steps rounds, median):
+    before         pad to 512 + 768, separate old-values forward, then train_step
+    bucket         pad to the length bucket (run.length_bucket), separate old-values forward
+    bucket+fused   pad to the bucket, old values from the step's own forward (the default)
+    shared         the same with critic="shared" (value head on the policy trunk)
+    none-grpo      critic="none", advantage_estimator="grpo" (rloo costs the same step)
+It prints time per step and per episode, each mode's ratio to "before", and the learner steps
+that fit in 300 s if the learner had the device lane to itself.
 
 One train_step = 1 PPO epoch, 1 minibatch (one optimizer update each for actor and critic) on
 B × T tokens with a separate-trunk critic, float32. Compilation is a warm-up, not timed; the
@@ -22,7 +36,9 @@ same run (best of a few jnp.dot calls on 2048² matrices), so MFU is relative to
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +46,10 @@ import numpy as np
 
 from rl4mle_jax import models
 from rl4mle_jax import sharding as shd
+from rl4mle_jax.rl.batch import old_values_in_step
 from rl4mle_jax.rl.learner import make_learner
 from rl4mle_jax.rl.learner_config import LearnerConfig
+from rl4mle_jax.rollout.collate import build_batch
 
 SIZES = {
     "xs": dict(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
@@ -107,6 +125,93 @@ def bench(name: str, batch: int, seq: int, steps: int, mesh, micro: int) -> dict
                 flops=step_flops(c, batch, seq))
 
 
+# ------------------------------------------------------------------- --real: the default run
+REAL_MODES = {  # name -> (length_bucket, separate old-values pass, learner overrides)
+    "before": (0, True, {}),
+    "bucket": (64, True, {}),
+    "bucket+fused": (64, False, {}),
+    "shared": (64, False, dict(critic="shared")),
+    "none-grpo": (64, False, dict(critic="none", advantage_estimator="grpo", group_size=4)),
+}
+
+
+def real_experiences(c: models.Qwen2Config, batch: int, prompt_mean: int, response_mean: int,
+                     max_prompt: int, max_response: int, seed: int = 0) -> list:
+    """Fake finished episodes with the default run's lengths (random tokens)."""
+    import types
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(batch):
+        n_p = int(np.clip(rng.normal(prompt_mean, 15), 1, max_prompt))
+        n_r = int(np.clip(rng.normal(response_mean, 80), 1, max_response))
+        out.append(types.SimpleNamespace(
+            episode_id=i, prompt_ids=rng.integers(0, c.vocab_size, n_p).tolist(),
+            response_ids=rng.integers(0, c.vocab_size, n_r).tolist(),
+            logprobs=rng.normal(-2.0, 0.5, n_r).tolist(), reward=float(rng.normal()),
+            started_at=0.0, finished_at=float(rng.uniform(1, 30)), duration_s=1.0))
+    return out
+
+
+def bench_real(args, mesh) -> None:
+    import dataclasses
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # configs/
+    from configs import task as task_config
+    from rl4mle_jax.warmstart.config import WarmStartConfig
+
+    cfg = task_config.get_config()
+    c = models.get_preset(WarmStartConfig().preset, vocab_size=WarmStartConfig().vocab_size)
+    base = LearnerConfig.from_dict(cfg.learner)
+    p_max, r_max = cfg.prompt.max_prompt_tokens, cfg.prompt.max_response_tokens
+    exps = real_experiences(c, args.batch, args.prompt_len, args.response_len, p_max, r_max)
+    params = models.init_params(c, jax.random.PRNGKey(0))
+    modes = [m for m in args.modes.split(",")]
+    print(f"model preset {WarmStartConfig().preset!r} ({c.num_params() / 1e6:.2f}M params), "
+          f"batch {args.batch}, prompt/response mean {args.prompt_len}/{args.response_len} "
+          f"tokens (limits {p_max}/{r_max}); devices: {len(jax.devices())} × "
+          f"{jax.devices()[0].platform}")
+    runs = {}
+    for name in modes:
+        bucket, two_pass, over = REAL_MODES[name]
+        lc = dataclasses.replace(base, **over)
+        learner = make_learner(c, lc, mesh)
+        state = learner.init_state(learner.shard_params(params), jax.random.PRNGKey(1))
+        arrays = build_batch(exps, p_max, r_max, 0, length_bucket=bucket)
+        two_pass = two_pass or not old_values_in_step(lc)
+        runs[name] = dict(learner=learner, state=state, arrays=arrays, two_pass=two_pass)
+
+    def one_step(r):
+        learner, arrays = r["learner"], dict(r["arrays"])
+        t = time.perf_counter()
+        if r["two_pass"] and learner.config.uses_critic:
+            out = learner.compute_logprobs_and_values(
+                r["state"].policy_params, r["state"].critic_params, arrays["tokens"],
+                arrays["attention_mask"])
+            arrays["values_old"] = out["values"]
+        r["state"], metrics = learner.train_step(r["state"], arrays)
+        jax.block_until_ready(metrics)
+        return time.perf_counter() - t
+
+    for name in modes:  # the first call of each compiles
+        runs[name]["compile_s"] = one_step(runs[name])
+    times = {name: [] for name in modes}
+    for _ in range(args.steps):
+        for name in modes:
+            times[name].append(one_step(runs[name]))
+    ref = float(np.median(times[modes[0]]))
+    header = (f"{'mode':>13} {'shape':>9} {'1st call s':>10} {'step s':>7} {'s/episode':>9} "
+              f"{'vs ' + modes[0]:>10} {'steps/300s':>10}")
+    print(header)
+    print("-" * len(header))
+    for name in modes:
+        step = float(np.median(times[name]))
+        b, t = runs[name]["arrays"]["tokens"].shape
+        print(f"{name:>13} {b:>3}×{t:<5} {runs[name]['compile_s']:>10.1f} {step:>7.2f} "
+              f"{step / b:>9.3f} {ref / step:>9.2f}× {300 / step:>10.0f}", flush=True)
+    print(f"median of {args.steps} interleaved rounds; '1st call' includes compiling; "
+          f"steps/300s = 300 / step s (the learner alone on the device lane)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="xs,tiny,s,m")
@@ -115,8 +220,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--micro", type=int, default=0, help="micro_batch_size (0: whole batch)")
     ap.add_argument("--mesh", default="", help="data,fsdp,tensor (default: all devices on data)")
+    ap.add_argument("--real", action="store_true",
+                    help="the default run's learner step at its real lengths (see above)")
+    ap.add_argument("--modes", default=",".join(REAL_MODES), help="--real: modes to time")
+    ap.add_argument("--prompt_len", type=int, default=480, help="--real: mean prompt tokens")
+    ap.add_argument("--response_len", type=int, default=265, help="--real: mean response tokens")
     args = ap.parse_args()
     mesh = shd.make_mesh(*map(int, args.mesh.split(","))) if args.mesh else shd.make_mesh()
+    if args.real:
+        bench_real(args, mesh)
+        return
     peak = matmul_peak_flops()
     print(f"devices: {len(jax.devices())} × {jax.devices()[0].platform}, mesh "
           f"{dict(mesh.shape)}; float32 matmul peak (2048² jnp.dot, best of 5)")
