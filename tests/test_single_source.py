@@ -167,7 +167,7 @@ def test_only_env_execute_runs_and_grades_a_program():
     """No second copy of run-and-grade: outside env/execute.py (and the sandbox package
     itself) nothing calls a sandbox's run/arun on a program or grades a run directory."""
     allowed = {"env/execute.py", "env/prompts.py"}  # prompts: the installed-library probe
-    pattern = re.compile(r"\bsandbox\.a?run\(|\bgrade_run\(|\bgrade_bytes\("
+    pattern = re.compile(r"\bsandbox\.a?run\(|\bgrade_run(_bytes)?\(|\bgrade_bytes\("
                          r"|\bread_run_submission\(")
     offenders = []
     for path in PACKAGE.rglob("*.py"):

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rl4mle_jax.env.grading import grade
+from rl4mle_jax.env.grading import grade, invalid_report
 from rl4mle_jax.env.metrics import METRICS
 from rl4mle_jax.env.tasks import Task, TaskSpecError, default_data_root, list_tasks, load_task
 
@@ -39,6 +39,8 @@ def run_program(task: Task, code: str, split: str = "reward", timeout_s: float |
     the reward record (with the witness's evidence) is reported.
     """
     from rl4mle_jax.env.execute import run_and_grade
+    from rl4mle_jax.env.instrument_lm import Instrumenter
+    from rl4mle_jax.env.submission import RUN_SUBMISSION
 
     if instrument not in ("none", "static"):
         raise ValueError(f"--instrument must be 'none' or 'static', got {instrument!r}")
@@ -46,20 +48,14 @@ def run_program(task: Task, code: str, split: str = "reward", timeout_s: float |
         from rl4mle_jax.env.sandbox import Sandbox
 
         sandbox = Sandbox()
-    instrumenter = None if instrument == "static" else _no_markers
-    run = run_and_grade(code, task, sandbox, split=split, instrumenter=instrumenter,
+    # "none": no markers, but the static training check still sees the code.
+    run = run_and_grade(code, task, sandbox, split=split, instrumenter=Instrumenter(instrument),
                         timeout_s=timeout_s or task.timeout_s)
     out = {"task": task.id, "split": split, **run.to_dict()}
-    if out["grade"] is None:  # nothing at the submission path: the grader's own words
-        out["grade"] = grade(task, "/nonexistent/submission.csv", split=split).to_dict()
-        out["grade"]["submission_path"] = "submission/submission.csv"
+    if out["grade"] is None:  # nothing at the submission path
+        out["grade"] = invalid_report(task, split, RUN_SUBMISSION, "no_file",
+                                      f"no {RUN_SUBMISSION} was written").to_dict()
     return out
-
-
-def _no_markers(code: str) -> Any:
-    from rl4mle_jax.env.instrument import InstrumentedProgram, new_placeholder
-
-    return InstrumentedProgram(code, code, new_placeholder(code), (), "none")
 
 
 # --- commands ---------------------------------------------------------------------------------

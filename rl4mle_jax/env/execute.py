@@ -8,7 +8,7 @@ rules hold everywhere and a fork that changes them changes `reward.compute_rewar
 
 Every host step here is total: whatever the program wrote, printed or left behind, the result
 is a record with a named reason, never an exception (an episode is scored, never dropped). The
-submission is read by `grading.grade_run`, which never follows a link and bounds bytes, rows,
+submission is read by `grading.grade_run_bytes`, which never follows a link and bounds bytes, rows,
 columns and cells before parsing.
 """
 
@@ -25,16 +25,20 @@ from pathlib import Path
 from typing import Any
 
 from rl4mle_jax.env.actions import Action, extract_action
-from rl4mle_jax.env.grading import GradeReport, grade_bytes
-from rl4mle_jax.env.instrument import InstrumentedProgram, instrument_static, new_nonce
+from rl4mle_jax.env.grading import GradeReport, grade_run_bytes
+from rl4mle_jax.env.instrument import (
+    InstrumentedProgram,
+    instrument_static,
+    new_nonce,
+    new_placeholder,
+)
 from rl4mle_jax.env.instrument_lm import NoGenerateError
 from rl4mle_jax.env.reward import RewardConfig, RewardRecord, compute_reward
-from rl4mle_jax.env.submission import read_run_submission, submission_byte_cap
+from rl4mle_jax.env.submission import RUN_SUBMISSION
 from rl4mle_jax.env.tasks import TaskSpecError
 
 log = logging.getLogger(__name__)
 
-SUBMISSION_REL = "submission/submission.csv"
 DEFAULT_REWARD = RewardConfig()
 
 
@@ -85,7 +89,7 @@ def instrument(code: str, instrumenter: Any = None) -> InstrumentedProgram:
     except Exception as e:  # noqa: BLE001 - instrumentation never decides an episode's fate
         log.warning("instrumentation failed (%s); running the program without markers",
                     type(e).__name__)
-        return InstrumentedProgram(code, code, "NONCE" + "0" * 27, (), "none",
+        return InstrumentedProgram(code, code, new_placeholder(code), (), "none",
                                    verification={"reason": f"instrument_error:{type(e).__name__}"})
 
 
@@ -103,18 +107,10 @@ def _grade(res: Any, task: Any, split: str, keep: bool) -> tuple[GradeReport | N
                                                               bytes | None, bool]:
     """(grade report, submission bytes if kept, whether anything sits at the submission path)."""
     wd = Path(res.workdir)
-    if not os.path.lexists(wd / SUBMISSION_REL) and not os.path.islink(wd / "submission"):
+    if not os.path.lexists(wd / RUN_SUBMISSION) and not os.path.islink(wd / "submission"):
         return None, None, False
-    sub = read_run_submission(wd, submission_byte_cap(task, split), SUBMISSION_REL)
-    if sub.data is None:
-        report = GradeReport(task_id=task.id, split=split, metric=task.metric,
-                             direction=task.direction, valid=False, reason=sub.reason,
-                             message=sub.message,
-                             reference_scores=dict(task.reference_scores.get(split, {})),
-                             submission_path=SUBMISSION_REL)
-        return report, None, True
-    report = grade_bytes(task, sub.data, split, source=SUBMISSION_REL)
-    return report, (sub.data if keep else None), True
+    report, data = grade_run_bytes(task, wd, split)
+    return report, (data if keep else None), True
 
 
 def _score(res: Any, program: InstrumentedProgram, nonce: str, task: Any, split: str,

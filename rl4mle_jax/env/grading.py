@@ -280,7 +280,9 @@ def _base(task: Task, split: str, source: str) -> dict[str, Any]:
                 submission_path=source)
 
 
-def _invalid(task: Task, split: str, source: str, reason: str, message: str) -> GradeReport:
+def invalid_report(task: Task, split: str, source: str, reason: str, message: str
+                   ) -> GradeReport:
+    """The report of a submission that could not be graded, `reason` one of REASONS."""
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[:MAX_MESSAGE_CHARS - 3] + "..."
     return GradeReport(valid=False, reason=reason, message=message, **_base(task, split, source))
@@ -294,11 +296,11 @@ def grade_bytes(task: Task, data: bytes, split: str = "reward",
     try:
         score, n = _score(task, split, bytes(data), ans)
     except SubmissionError as e:
-        return _invalid(task, split, source, e.reason, e.message)
+        return invalid_report(task, split, source, e.reason, e.message)
     except TaskError:
         raise
     except Exception as e:  # noqa: BLE001 - hostile bytes must never crash the host
-        return _invalid(task, split, source, "grader_error",
+        return invalid_report(task, split, source, "grader_error",
                         f"the grader failed on this submission ({type(e).__name__})")
     return GradeReport(valid=True, score=score, n_rows=n,
                        message=f"{task.metric} = {score:.6g} on {n} rows",
@@ -314,7 +316,7 @@ def grade(task: Task, submission_path: str | Path, split: str = "reward") -> Gra
     path = Path(submission_path)
     got = read_host_file(path, submission_byte_cap(task, split))
     if got.data is None:
-        return _invalid(task, split, str(path), got.reason or "no_file", got.message)
+        return invalid_report(task, split, str(path), got.reason or "no_file", got.message)
     return grade_bytes(task, got.data, split, source=str(path))
 
 
@@ -322,8 +324,15 @@ def grade_run(task: Task, workdir: str | Path, split: str = "reward") -> GradeRe
     """Grade `submission/submission.csv` of a run directory, read without following links.
 
     The report names the file relative to the run (no host path reaches the agent)."""
+    return grade_run_bytes(task, workdir, split)[0]
+
+
+def grade_run_bytes(task: Task, workdir: str | Path, split: str = "reward"
+                    ) -> tuple[GradeReport, bytes | None]:
+    """`grade_run`, also returning the bytes that were graded (None when they could not be
+    read safely)."""
     source = RUN_SUBMISSION
     got = read_run_submission(Path(workdir), submission_byte_cap(task, split))
     if got.data is None:
-        return _invalid(task, split, source, got.reason or "no_file", got.message)
-    return grade_bytes(task, got.data, split, source=source)
+        return invalid_report(task, split, source, got.reason or "no_file", got.message), None
+    return grade_bytes(task, got.data, split, source=source), got.data
