@@ -3,9 +3,10 @@
   python experiments/reproduce.py --config configs/reproduce.py [--workdir DIR] [--docs DIR]
 
 Runs go to DIR/<task>/<variant>/seed<k> (ordinary train workdirs: a finished run, one with
-eval_final.json, is skipped; an interrupted one resumes from its checkpoint). Then, per task,
-docs/reproduction/<task>/ gets learning_curves.png (mean batch reward, mean ± std over seeds:
-the paper's Fig. 7), trained_dt.png (mean Δt of the trained episodes over time: Fig. 8),
+eval_final.json, is skipped; an interrupted one resumes from its checkpoint; the initial
+best-of-N of a seed is shared by the variants it does not depend on, DIR/_initial_evals/). Then,
+per task, docs/reproduction/<task>/ gets learning_curves.png (mean batch reward, mean ± std over
+seeds: the paper's Fig. 7), trained_dt.png (mean Δt of the trained episodes over time: Fig. 8),
 instrumentation.png (reward with and without instrumentation: Fig. 9) and table.md (final pick
 on the reward and test splits, valid rates, learner steps, time to the first valid submission),
 with the command and the commit it came from.
@@ -13,7 +14,6 @@ with the command and the commit it came from.
 
 import copy
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,14 +31,6 @@ _WORKDIR = flags.DEFINE_string("workdir", "workdirs/reproduce", "Where the runs 
 _DOCS = flags.DEFINE_string("docs", None, "Figures and tables (default: config.docs_dir).")
 _ONLY_FIGURES = flags.DEFINE_bool("only_figures", False, "Redraw from existing runs only.")
 flags.mark_flags_as_required(["config"])
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def write_figures(task_root: Path, out: Path, command: str, budget_s: float) -> str:
@@ -64,8 +56,9 @@ def write_figures(task_root: Path, out: Path, command: str, budget_s: float) -> 
         plt.close(fig)
     table = st.ablation_table(study)
     (out / "table.md").write_text(
-        f"# {task_root.name}\n\nCommand: `{command}`  \nCommit: `{_commit()}`  \n"
-        f"RL budget per run: {budget_s:.0f} s wall-clock.\n\n{table}\n")
+        f"# {task_root.name}\n\nCommand: `{command}`  \nCommit: `{st.git_commit()}`  \n"
+        f"RL budget per run: {budget_s:.0f} s wall-clock.\n\n{table}\n\n## Learning checks\n\n"
+        f"{st.learning_table(study)}\n")
     return table
 
 
@@ -85,7 +78,7 @@ def main(argv):
                 run_cfg = copy.deepcopy(cfg.base)
                 run_cfg.update_from_flattened_dict(dict(overrides))
                 run_cfg.task, run_cfg.seed = task, int(seed)
-                train(run_cfg, workdir)
+                train(run_cfg, workdir, shared_evals=root / "_initial_evals")
         print(write_figures(root / task, docs / task, command, cfg.base.run.time_budget_s))
 
 

@@ -1,57 +1,54 @@
-"""Run the ablation variants (× seeds) of a sweep config; write one table and one overlay plot.
+"""Run the variants (× seeds) of a sweep config; write its tables and overlay plots.
 
-  python experiments/sweep.py --config configs/ablations.py [--workdir DIR]
+  python experiments/sweep.py --config configs/sweep_tiny.py [--workdir DIR]
 
-Each run is a normal `train` run in DIR/<variant>/seed<k> (so it resumes if interrupted);
-results.md / results.json hold the table, reward.png and best_score.png the overlays.
+Each run is a normal `train` run in DIR/<variant>/seed<k>: a finished one (eval_final.json) is
+skipped, an interrupted one resumes from its checkpoint; variants that change only the learner
+or the loop share each seed's initial best-of-N (DIR/_initial_evals/). DIR/results.md holds,
+with the command and the commit, the ablation table (rl4mle_jax.study.ablation_table) and the
+learning checks of every run (study.learning_table: first vs last quarter batch reward,
+best-of-N valid rate and test pick before vs after); reward.png and valid_rate.png the mean ±
+std bands over seeds.
 """
 
 import copy
-import json
 import logging
 import sys
 from pathlib import Path
 
-import numpy as np
 from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rl4mle_jax.tracking import read_metrics  # noqa: E402
+from rl4mle_jax import study as st  # noqa: E402
 from rl4mle_jax.train import train  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config (configs/ablations.py).")
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/ablations", "Output directory.")
+_ONLY_TABLES = flags.DEFINE_bool("only_tables", False, "Redraw from existing runs only.")
 flags.mark_flags_as_required(["config"])
 
 
-def _mean(xs):
-    xs = [x for x in xs if x is not None]
-    return (float(np.mean(xs)), float(np.std(xs)), len(xs)) if xs else (None, None, 0)
-
-
-def overlay(results: dict, key: str, out: Path) -> None:
+def write_results(root: Path, command: str, budget_s: float) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (variant, runs) in enumerate(results.items()):
-        for j, run in enumerate(runs):
-            rows = [r for r in read_metrics(Path(run["workdir"]) / "metrics.jsonl") if key in r]
-            if rows:
-                ax.plot([r["wall_s"] / 60 for r in rows], [r[key] for r in rows],
-                        color=f"C{i}", alpha=0.8, label=variant if j == 0 else None)
-    ax.set_xlabel("wall-clock (min)")
-    ax.set_title(key)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    study = st.load_study(root)
+    for key, name in (("reward/mean", "reward"), ("reward/valid_rate", "valid_rate")):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        st.plot_bands(study, key, ax=ax, title=f"{key} (mean ± std over seeds)")
+        fig.tight_layout()
+        fig.savefig(root / f"{name}.png", dpi=90)
+        plt.close(fig)
+    text = (f"Command: `{command}`  \nCommit: `{st.git_commit()}`  \nRL budget per run: "
+            f"{budget_s:.0f} s wall-clock.\n\n## Ablation table\n\n{st.ablation_table(study)}\n\n"
+            f"## Learning checks\n\n{st.learning_table(study)}\n")
+    (root / "results.md").write_text(text)
+    return text
 
 
 def main(argv):
@@ -60,35 +57,18 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger("rl4mle_jax").setLevel(logging.INFO)
     sweep, root = _CONFIG.value, Path(_WORKDIR.value)
-    results = {}
+    command = " ".join(["python experiments/sweep.py", *sys.argv[1:]])
     for variant, overrides in sweep.variants.items():
-        results[variant] = []
         for seed in sweep.seeds:
+            workdir = root / variant / f"seed{seed}"
+            if _ONLY_TABLES.value or (workdir / "eval_final.json").exists():
+                continue
             cfg = copy.deepcopy(sweep.base)
             cfg.update_from_flattened_dict(dict(overrides))
             cfg.seed = int(seed)
-            workdir = root / variant / f"seed{seed}"
-            summary = train(cfg, workdir)
-            results[variant].append({"seed": seed, "workdir": str(workdir),
-                                     "initial": summary["initial"], "final": summary["final"],
-                                     "best_score": summary["loop"]["best_score"],
-                                     "steps": summary["loop"]["step"]})
-    lines = ["| variant | seeds | final pick test score | final best-of-N valid rate | "
-             "best reward-split score during RL | initial pick test score |",
-             "|---|---|---|---|---|---|"]
-    for variant, runs in results.items():
-        cells = [_mean([r["final"]["pick_test_score"] for r in runs]),
-                 _mean([r["final"]["valid_rate"] for r in runs]),
-                 _mean([r["best_score"] for r in runs]),
-                 _mean([r["initial"]["pick_test_score"] for r in runs])]
-        fmt = ["—" if m is None else f"{m:.4f} ± {s:.4f} (n={n})" for m, s, n in cells]
-        lines.append(f"| {variant} | {len(runs)} | " + " | ".join(fmt) + " |")
+            train(cfg, workdir, shared_evals=root / "_initial_evals")
     root.mkdir(parents=True, exist_ok=True)
-    (root / "results.md").write_text("\n".join(lines) + "\n")
-    (root / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    overlay(results, "reward/mean", root / "reward.png")
-    overlay(results, "score/best", root / "best_score.png")
-    print("\n".join(lines))
+    print(write_results(root, command, sweep.base.run.time_budget_s))
 
 
 if __name__ == "__main__":

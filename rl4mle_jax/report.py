@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rl4mle_jax import study
 from rl4mle_jax.env.execute import run_and_grade
 from rl4mle_jax.env.metrics import oriented_score
 
@@ -50,6 +51,81 @@ def _fmt(x: Any) -> str:
     return "—" if x is None else (f"{x:.4f}" if isinstance(x, float) else str(x))
 
 
+def plot_learning_curve(run: study.Run, refs: dict[str, Any], direction: str, out: Path
+                        ) -> Path | None:
+    """plots/learning_curve.png: the batch reward per learner step with its moving mean over a
+    quarter of the steps, and the best reward-split score so far against the task's reference
+    scores on that split."""
+    x, y = study.curve(run, "reward/mean")
+    if not len(x):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    a.plot(x, y, ".", alpha=0.6, label="batch mean reward")
+    w = max(1, len(y) // 4)
+    if len(y) >= w:
+        a.plot(x[w - 1:], np.convolve(y, np.ones(w) / w, mode="valid"),
+               label=f"moving mean over {w} steps")
+    a.set_title("Batch reward per learner step")
+    bx, by = study.curve(run, "score/best")
+    if len(bx):
+        b.plot(bx, by, label="best reward-split score so far")
+    for i, (name, score) in enumerate(sorted((refs.get("reward") or {}).items())):
+        if isinstance(score, (int, float)):
+            b.axhline(score, color=f"C{i + 2}", ls="--", label=f"{name} reference")
+    b.set_title(f"Best score ({direction} is better)")
+    for ax in (a, b):
+        ax.set_xlabel("wall-clock (min)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def _against_refs(score: float | None, refs: dict[str, Any], direction: str) -> str:
+    """'0.8755: +0.0111 over baseline (0.8644), +0.0046 over strong (0.8709)' (oriented)."""
+    if score is None:
+        return "no valid pick"
+    parts = [f"{oriented_score(score, direction) - oriented_score(ref, direction):+.4f} over "
+             f"{name} ({ref:.4f})" for name, ref in sorted(refs.items())
+             if isinstance(ref, (int, float))]
+    return f"{score:.4f}" + (": " + ", ".join(parts) if parts else " (no reference scores)")
+
+
+def learning_lines(workdir: Path, refs: dict[str, Any], direction: str) -> list[str]:
+    """The report's learning section: the curve and study.learning_check's numbers."""
+    run = study.load_run(workdir)
+    c, goal = study.learning_check(run), study.LEARNING_GOALS
+    lines = ["## Learning", ""]
+    if plot_learning_curve(run, refs, direction, workdir / "plots" / "learning_curve.png"):
+        lines += ["![learning curve](plots/learning_curve.png)", ""]
+    fv = study.fmt_value
+    lines += [
+        "| check | before | after | change | goal (issue 11, mean over seeds) |",
+        "|---|---|---|---|---|",
+        f"| batch mean reward: first vs last quarter of {c['steps']} steps | "
+        f"{_fmt(c['reward_first'])} | {_fmt(c['reward_last'])} | "
+        f"{fv(c['reward_gain'], 3, True)} | >= {goal['reward_gain']:+g} |",
+        f"| best-of-{c['eval_n']} valid rate (same draws) | {_fmt(c['valid_initial'])} | "
+        f"{_fmt(c['valid_final'])} | {fv(c['valid_gain'], 3, True)} | "
+        f">= {goal['valid_gain']:+g} |",
+        f"| test score of the pick (made on the reward split) | {_fmt(c['test_initial'])} | "
+        f"{_fmt(c['test_final'])} | {fv(c['test_gain'], 4, True)} | >= {goal['test_gain']:+g} |",
+        "",
+        "Final pick on the test split against the reference scores: "
+        + _against_refs(c["test_final"], refs.get("test") or {}, direction) + ".",
+    ]
+    return lines
+
+
 def write_report(workdir: Path, config: Any, comps: Any, initial: dict, final: dict,
                  summary: dict, best: dict | None) -> Path:
     """report.md: initial vs final best-of-N on both splits, against the reference scores."""
@@ -77,13 +153,16 @@ def write_report(workdir: Path, config: Any, comps: Any, initial: dict, final: d
         lines.append(f"| {name} | {_fmt(b['valid_rate'])} | {_fmt(b['pick_reward_score'])} | "
                      f"{_fmt(b['pick_test_score'])} | "
                      f"{_fmt(b['paper_protocol_best_test_score'])} |")
-    lines += ["", "## Reference scores", "", "| split | " + " | ".join(
-        sorted({k for v in refs.values() if isinstance(v, dict) for k in v})) + " |"]
+    lines += ["", *learning_lines(workdir, refs, task.direction)]
+    lines += ["", "## Reference scores", ""]
     keys = sorted({k for v in refs.values() if isinstance(v, dict) for k in v})
-    lines.append("|---|" + "---|" * len(keys))
-    for split, v in refs.items():
-        if isinstance(v, dict):
-            lines.append(f"| {split} | " + " | ".join(_fmt(v.get(k)) for k in keys) + " |")
+    if keys:
+        lines += ["| split | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+        lines += [f"| {split} | " + " | ".join(_fmt(v.get(k)) for k in keys) + " |"
+                  for split, v in refs.items() if isinstance(v, dict)]
+    else:
+        lines.append("This task has no reference scores (`reference_scores` in its task.json), "
+                     "so the pick is not placed against a baseline.")
     lines += ["", "## Best solution", ""]
     if best is None:
         lines.append("No valid solution was found.")

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rl4mle_jax.env.metrics import oriented_score
 from rl4mle_jax.tracking import read_metrics
 
 
@@ -75,6 +77,20 @@ def load_study(root: str | Path) -> dict[str, list[Run]]:
         if runs:
             out[vdir.name] = runs
     return out
+
+
+def git_commit(cwd: str | Path | None = None) -> str:
+    """The short commit of the checkout (with "+dirty" when tracked files changed), for
+    provenance of a table or figure."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                              cwd=cwd).stdout.strip()
+
+    try:
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 # ---------------------------------------------------------------- curves
@@ -186,4 +202,72 @@ def ablation_table(study: dict[str, list[Run]]) -> str:
     for variant, row in rows.items():
         cells = ["—" if m is None else f"{m:.4g} ± {s:.2g}" for m, s, _ in row.values()]
         lines.append(f"| {variant} | {len(study[variant])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- did it learn?
+# The checks of issue 11 (point 3), per run; averaged over seeds by `learning_table`.
+LEARNING_GOALS = {"reward_gain": 2.0, "valid_gain": 0.25, "test_gain": 0.0}
+
+
+def learning_check(run: Run) -> dict[str, Any]:
+    """First vs last quarter of the learner steps' batch reward, and best-of-N before vs after.
+
+    reward_first / reward_last: mean `reward/mean` over the first / last max(1, steps // 4)
+    learner steps; valid_*: best-of-N valid rate (same draws before and after); test_*: the
+    test-split score of the pick made on the reward split, and test_gain its change oriented so
+    that > 0 is better (None when either pick is missing).
+    """
+    rewards = [r["reward/mean"] for r in run.metrics
+               if "reward/mean" in r and math.isfinite(r["reward/mean"])]
+    q = max(1, len(rewards) // 4)
+    out: dict[str, Any] = {"variant": run.variant, "seed": run.seed, "steps": len(rewards)}
+    out["reward_first"] = float(np.mean(rewards[:q])) if rewards else None
+    out["reward_last"] = float(np.mean(rewards[-q:])) if rewards else None
+    out["reward_gain"] = (out["reward_last"] - out["reward_first"]) if rewards else None
+    ini, fin = run.initial or {}, run.final or {}
+    out["eval_n"] = fin.get("n", ini.get("n"))
+    out["valid_initial"], out["valid_final"] = ini.get("valid_rate"), fin.get("valid_rate")
+    out["valid_gain"] = (None if None in (out["valid_initial"], out["valid_final"])
+                         else out["valid_final"] - out["valid_initial"])
+    t0, t1 = _pick(ini, "test_score"), _pick(fin, "test_score")
+    out["test_initial"], out["test_final"] = t0, t1
+    direction = fin.get("direction") or ini.get("direction") or "higher"
+    out["test_gain"] = (None if t0 is None or t1 is None
+                        else oriented_score(t1, direction) - oriented_score(t0, direction))
+    return out
+
+
+def fmt_value(x: Any, nd: int = 3, sign: bool = False) -> str:
+    if x is None:
+        return "—"
+    return (f"{x:+.{nd}f}" if sign else f"{x:.{nd}f}") if isinstance(x, float) else str(x)
+
+
+def learning_table(study: dict[str, list[Run]]) -> str:
+    """Markdown: one row per run (the checks of `learning_check`), then the mean over seeds of
+    each variant against the goals (reward gain >= 2.0, valid gain >= 0.25, test gain >= 0)."""
+    cols = ("steps", "reward_first", "reward_last", "reward_gain", "valid_initial",
+            "valid_final", "valid_gain", "test_initial", "test_final", "test_gain")
+    lines = ["| variant | seed | eval N | " + " | ".join(cols) + " |",
+             "|---|---|---|" + "---|" * len(cols)]
+    means = []
+    for variant, runs in study.items():
+        checks = [learning_check(r) for r in runs]
+        for c in checks:
+            cells = [fmt_value(c[k], 4 if k.startswith("test") else 3, k.endswith("gain"))
+                     for k in cols]
+            lines.append(f"| {variant} | {c['seed']} | {c['eval_n']} | " + " | ".join(cells)
+                         + " |")
+        gains = {}
+        for k in LEARNING_GOALS:
+            xs = [c[k] for c in checks if c[k] is not None]
+            gains[k] = float(np.mean(xs)) if xs else None
+        met = all(gains[k] is not None and gains[k] >= goal for k, goal in LEARNING_GOALS.items())
+        means.append(f"| {variant} | {len(checks)} | " + " | ".join(
+            fmt_value(gains[k], 4 if k == "test_gain" else 3, True) for k in LEARNING_GOALS)
+            + f" | {'yes' if met else 'no'} |")
+    lines += ["", "| variant | seeds | mean reward gain (goal >= 2.0) | mean valid gain "
+              "(goal >= 0.25) | mean test gain (goal >= 0) | all goals met |",
+              "|---|---|---|---|---|---|", *means]
     return "\n".join(lines)

@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import hashlib
 import json
 import logging
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -60,12 +62,29 @@ class LoopState:
     episodes_dropped: int = 0
 
 
-def train(config: Any, workdir: str | Path) -> dict[str, Any]:
+# Sections that do not change the initial policy's best-of-N (it samples the warm start and runs
+# the candidates without instrumentation); everything else, and the seed, is in its key.
+_NOT_IN_INITIAL_EVAL = ("learner", "instrument", "mesh", "run")
+
+
+def initial_eval_key(config: Any) -> str:
+    """A digest of what the initial best-of-N depends on: runs of a sweep whose variants only
+    change the learner or the loop share it (same seed → same draws → same result)."""
+    d = json.loads(config.to_json_best_effort())
+    for name in _NOT_IN_INITIAL_EVAL:
+        d.pop(name, None)
+    d["eval_samples"] = config.run.eval_samples
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = None
+          ) -> dict[str, Any]:
     """Run (or resume) the loop the config describes; returns the final summary.
 
     Order: build (or load the cached warm start) → best-of-N of the initial policy (cached in
-    the workdir) → RL until max_steps or the wall-clock budget → best-of-N of the final policy
-    → best solution and report.md.
+    the workdir, and in `shared_evals/<initial_eval_key>.json` when given, so the variants of a
+    sweep evaluate each seed's initial policy once) → RL until max_steps or the wall-clock
+    budget → best-of-N of the final policy → best solution and report.md.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -74,12 +93,19 @@ def train(config: Any, workdir: str | Path) -> dict[str, Any]:
     key = jax.random.PRNGKey(config.seed)
     n, temp, slots = config.run.eval_samples, config.sampling.temperature, config.run.slots
     initial_path = workdir / "eval_initial.json"
+    shared = Path(shared_evals) / f"{initial_eval_key(config)}.json" if shared_evals else None
+    if not initial_path.exists() and shared is not None and shared.exists():
+        log.info("best-of-%d of the initial policy: shared %s", n, shared)
+        shutil.copyfile(shared, initial_path)
     if initial_path.exists():
         initial = json.loads(initial_path.read_text())
     else:
         log.info("best-of-%d of the initial policy", n)
         initial = best_of_n(comps, comps.params, n, jax.random.fold_in(key, 1), temp, slots)
         save_eval(initial, initial_path)
+        if shared is not None:
+            shared.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(initial_path, shared)
     trainer = _Trainer(config, workdir, comps)
     summary = asyncio.run(trainer.run())
     log.info("best-of-%d of the final policy", n)
@@ -159,13 +185,27 @@ class _Trainer:
                 svc.start()
         pool.start()
         t_start, wall0 = time.time(), self.loop.wall_s
-        bar = tqdm(total=run.max_steps, initial=self.loop.step, desc="RL", unit="step",
-                   dynamic_ncols=True, disable=not run.progress)
+        # The bar follows what stops the run: the wall-clock budget (seconds) if there is one,
+        # else the step limit; steps, reward, valid rate and best score ride beside it.
+        by_time = run.time_budget_s > 0
+        bar = tqdm(total=run.time_budget_s if by_time else run.max_steps,
+                   initial=min(self.loop.wall_s, run.time_budget_s) if by_time else self.loop.step,
+                   desc="RL", unit="s" if by_time else "step", dynamic_ncols=True,
+                   disable=not run.progress,
+                   bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} {unit} [{elapsed}<{remaining}"
+                              "{postfix}]" if by_time else None)
+        postfix = {"step": f"{self.loop.step}/{run.max_steps}"}
+
+        def advance() -> None:
+            if by_time:
+                bar.n = min(self.loop.wall_s, run.time_budget_s)
+                bar.set_postfix(postfix, refresh=True)
         ready: list[Experience] = []
         try:
             while not self._done():
                 finished = await pool.get_batch(1, timeout_s=5.0)
                 self.loop.wall_s = wall0 + time.time() - t_start
+                advance()
                 for f in finished:
                     exp = self._accept(f)
                     if exp is not None:
@@ -180,9 +220,15 @@ class _Trainer:
                 self.metrics.write(self.loop.step, self.loop.wall_s, metrics)
                 if self.loop.step % run.checkpoint_every == 0 or self._done():
                     self._save()
-                bar.update(1)
-                bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}",
-                                best=_fmt(self.loop.best_score), refresh=False)
+                postfix.update(step=f"{self.loop.step}/{run.max_steps}",
+                               reward=f"{metrics['reward/mean']:.2f}",
+                               valid=f"{metrics['reward/valid_rate']:.2f}",
+                               best=_fmt(self.loop.best_score))
+                if by_time:
+                    advance()
+                else:
+                    bar.update(1)
+                    bar.set_postfix(postfix, refresh=False)
         finally:
             bar.close()
             await pool.stop()

@@ -57,3 +57,30 @@ def test_trained_dt_and_first_valid_and_table(study_dir):
 def test_a_single_workdir_is_a_study_of_one_run(study_dir):
     study = st.load_study(study_dir / "full" / "seed0")
     assert list(study) == ["run"] and len(study["run"][0].metrics) == 2
+
+
+def test_learning_check_quarters_and_before_after(tmp_path):
+    rewards = [-9.0, -7.0, -5.0, -4.0, -2.0, -1.0, 0.5, 0.9, 0.8]  # 9 steps: quarters of 2
+    wd = tmp_path / "v" / "seed3"
+    _write_run(wd, rewards, [10.0 * (i + 1) for i in range(9)],
+               final={"n": 32, "direction": "lower", "valid_rate": 0.9,
+                      "pick": {"test_score": 0.30}})
+    (wd / "eval_initial.json").write_text(json.dumps(
+        {"n": 32, "direction": "lower", "valid_rate": 0.6, "pick": {"test_score": 0.35}}))
+    c = st.learning_check(st.load_study(tmp_path)["v"][0])
+    assert c["seed"] == 3 and c["steps"] == 9 and c["eval_n"] == 32
+    np.testing.assert_allclose([c["reward_first"], c["reward_last"]],
+                               [np.mean(rewards[:2]), np.mean(rewards[-2:])])
+    np.testing.assert_allclose(c["reward_gain"], np.mean(rewards[-2:]) - np.mean(rewards[:2]))
+    np.testing.assert_allclose(c["valid_gain"], 0.3)
+    np.testing.assert_allclose(c["test_gain"], 0.05)  # lower is better: 0.35 -> 0.30 is a gain
+    table = st.learning_table(st.load_study(tmp_path))
+    assert "| v | 1 | +8.850 | +0.300 | +0.0500 | yes |" in table, table
+
+
+def test_learning_check_without_evaluations_or_steps(study_dir):
+    c = st.learning_check(st.load_study(study_dir)["no_instrumentation"][0])
+    assert c["steps"] == 1 and c["reward_gain"] == 0.0
+    assert c["valid_gain"] is None and c["test_gain"] is None
+    assert "| no_instrumentation | 1 | +0.000 | — | — | no |" in st.learning_table(
+        st.load_study(study_dir))

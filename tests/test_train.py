@@ -59,8 +59,13 @@ def _records(path):
 def test_default_config_end_to_end(warm_cache, tmp_path):
     from rl4mle_jax.train import train
 
-    workdir = tmp_path / "run"
-    summary = train(_config(warm_cache, **{"run.eval_samples": 2}), workdir)
+    from rl4mle_jax.train import initial_eval_key
+
+    workdir, cfg = tmp_path / "run", _config(warm_cache, **{"run.eval_samples": 2})
+    summary = train(cfg, workdir, shared_evals=tmp_path / "evals")
+    # The initial best-of-N is shared under its key for the other variants of a sweep.
+    shared = tmp_path / "evals" / f"{initial_eval_key(cfg)}.json"
+    assert shared.read_text() == (workdir / "eval_initial.json").read_text()
 
     names = {p.name for p in workdir.iterdir()}
     assert {"checkpoints", "experience.jsonl", "metrics.jsonl", "tb", "plots", "report.md",
@@ -88,6 +93,23 @@ def test_default_config_end_to_end(warm_cache, tmp_path):
         assert {"kind", "code", "params_version", "started_at", "finished_at"} <= set(e)
     report = (workdir / "report.md").read_text()
     assert "initial policy" in report and "final policy" in report
+    # The learning section: the curve and the first/last-quarter and before/after checks.
+    assert "![learning curve](plots/learning_curve.png)" in report
+    assert (workdir / "plots" / "learning_curve.png").stat().st_size > 0
+    assert "first vs last quarter of 2 steps" in report and "best-of-2 valid rate" in report
+
+
+def test_initial_eval_key_changes_with_what_the_initial_policy_sees(tmp_path):
+    from rl4mle_jax.train import initial_eval_key
+
+    key = initial_eval_key(_config(tmp_path))
+    for same in ({"learner.actor_lr": 1e-3}, {"run.batch_size": 2}, {"instrument.mode": "none"},
+                 {"run.improve_prob": 0.0}, {"learner.duration_weighting": "off"}):
+        assert initial_eval_key(_config(tmp_path, **same)) == key, same
+    for other in ({"seed": 1}, {"task": "telco-churn"}, {"run.eval_samples": 5},
+                  {"sampling.temperature": 1.0}, {"env.memory_mb": 1000},
+                  {"prompt.max_response_tokens": 512}):
+        assert initial_eval_key(_config(tmp_path, **other)) != key, other
 
 
 def test_resume_after_sigkill(warm_cache, tmp_path):

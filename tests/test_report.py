@@ -1,0 +1,47 @@
+"""report.md: the learning section (curve, quarter and before/after checks, the pick against the
+references) and a task without reference scores."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from rl4mle_jax.report import write_report
+
+
+def _workdir(tmp_path, direction):
+    wd = tmp_path / "run"
+    wd.mkdir()
+    rewards = [-10.0, -6.0, -2.0, 0.5, 0.6, 0.7, 0.8, 0.9]
+    (wd / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i + 1, "wall_s": 30.0 * (i + 1), "reward/mean": r,
+                    "score/best": 0.5 + 0.01 * i}) + "\n" for i, r in enumerate(rewards)))
+    ini = {"n": 32, "direction": direction, "valid_rate": 0.5, "pick": {"test_score": 0.40}}
+    fin = {"n": 32, "direction": direction, "valid_rate": 0.875, "pick": {"test_score": 0.30}}
+    for name, ev in (("eval_initial.json", ini), ("eval_final.json", fin)):
+        (wd / name).write_text(json.dumps(ev))
+    return wd, ini, fin
+
+
+@pytest.mark.parametrize("refs", [{"reward": {"baseline": 0.45, "strong": 0.35},
+                                   "test": {"baseline": 0.42, "strong": 0.25}}, {}])
+def test_report_learning_section_and_references(tmp_path, refs):
+    wd, ini, fin = _workdir(tmp_path, "lower")
+    task = SimpleNamespace(id="t", metric="rmse", direction="lower", reference_scores=refs)
+    comps = SimpleNamespace(task=task, source={"warmstart": "ws"})
+    config = SimpleNamespace(run=SimpleNamespace(eval_samples=32))
+    summary = {"loop": {"step": 8, "episodes_trained": 64, "episodes_dropped": 0, "wall_s": 240}}
+    text = write_report(wd, config, comps, ini, fin, summary, None).read_text()
+    assert "![learning curve](plots/learning_curve.png)" in text
+    assert (wd / "plots" / "learning_curve.png").stat().st_size > 0
+    # quarters of 8 steps are 2 steps: mean(-10, -6) = -8 -> mean(0.8, 0.9) = 0.85
+    assert "| batch mean reward: first vs last quarter of 8 steps | -8.0000 | 0.8500 | +8.850 |" \
+        in text, text
+    assert "| best-of-32 valid rate (same draws) | 0.5000 | 0.8750 | +0.375 |" in text
+    assert "| 0.4000 | 0.3000 | +0.1000 |" in text  # lower is better: the pick improved
+    if refs:
+        assert "+0.1200 over baseline (0.4200), -0.0500 over strong (0.2500)" in text
+        assert "| test | 0.4200 | 0.2500 |" in text
+    else:
+        assert "no reference scores" in text and "| split |" not in text
+        assert "0.3000 (no reference scores)" in text
