@@ -96,7 +96,8 @@ def validate_config(config: Any) -> dict[str, Any]:
          "run.batch_size", f"{run.batch_size} / learner.num_minibatches="
          f"{learner.num_minibatches} gives minibatches of {minibatch} rows, not a multiple of "
          f"learner.micro_batch_size={learner.micro_batch_size}")
-    need(learner.advantage_estimator == "gae" or run.batch_size % learner.group_size == 0,
+    need(learner.advantage_estimator == "gae" or not learner.group_size
+         or run.batch_size % learner.group_size == 0,
          "run.batch_size", f"{run.batch_size} is not a multiple of learner.group_size="
          f"{learner.group_size} ({learner.advantage_estimator} groups consecutive rows)")
     return built

@@ -68,7 +68,8 @@ def prepare_batch(batch: Batch, config: LearnerConfig, batch_divisor: int = 1,
     """The batch with exactly the keys the step uses, cast (int32 ids, float32 otherwise).
 
     Fills `dt_s` with ones when duration weighting is off and `group_ids` from
-    `group_size` (consecutive rows) when a group estimator needs them and none are given.
+    `group_size` (consecutive rows; 0: all rows one group) when a group estimator needs them
+    and none are given.
     batch_divisor: the batch must split evenly over the data×fsdp devices.
     """
     batch = dict(batch)
@@ -80,9 +81,10 @@ def prepare_batch(batch: Batch, config: LearnerConfig, batch_divisor: int = 1,
     if "dt_s" not in batch and config.duration_weighting == "off":
         batch["dt_s"] = np.ones((b,), np.float32)
     if "group_ids" not in batch and config.advantage_estimator != "gae":
-        if b % config.group_size:
-            raise ValueError(f"batch size {b} is not a multiple of group_size {config.group_size}")
-        batch["group_ids"] = np.arange(b, dtype=np.int32) // config.group_size
+        g = config.group_size or b  # 0: the whole batch is one group
+        if b % g:
+            raise ValueError(f"batch size {b} is not a multiple of group_size {g}")
+        batch["group_ids"] = np.arange(b, dtype=np.int32) // g
     keys = required_batch_keys(config)
     optional = (["values_old"] if config.uses_critic else []) + ["fresh"]
     keys = keys + tuple(k for k in optional if k in batch and k not in keys)

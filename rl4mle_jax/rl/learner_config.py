@@ -57,7 +57,9 @@ class LearnerConfig:
     kl_estimator: str = "k3"
     # Advantages (rl.advantages) and duration weights (rl.duration).
     advantage_estimator: str = "gae"
-    group_size: int = 1  # without batch["group_ids"]: rows [g·G, (g+1)·G) share a prompt
+    # Without batch["group_ids"]: rows [g·G, (g+1)·G) form a group (share a baseline); 0: the
+    # whole batch is one group (rloo: every sample's baseline is the mean of the others').
+    group_size: int = 1
     gamma: float = 1.0
     lam: float = 1.0
     whiten_advantages: bool | None = None  # None: the estimator's default (gae yes, groups no)
@@ -89,9 +91,12 @@ class LearnerConfig:
         if self.advantage_estimator == "gae" and self.critic == "none":
             raise ValueError("advantage_estimator='gae' needs a critic; use critic='separate' "
                              "or 'shared', or a group estimator ('grpo', 'rloo')")
-        for name in ("ppo_epochs", "num_minibatches", "group_size"):
+        for name in ("ppo_epochs", "num_minibatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LearnerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 0:
+            raise ValueError(f"LearnerConfig.group_size must be >= 0 (0: the whole batch), got "
+                             f"{self.group_size}")
         if self.micro_batch_size < 0:
             raise ValueError(f"LearnerConfig.micro_batch_size must be >= 0, got "
                              f"{self.micro_batch_size}")

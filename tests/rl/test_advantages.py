@@ -152,3 +152,24 @@ def test_bad_inputs_name_the_tensor():
         adv_lib.gae(jnp.zeros((B, T)), jnp.zeros((B, T + 1)), jnp.asarray(MASK))
     with pytest.raises(ValueError, match="group baseline 'mean'"):
         adv_lib.group_advantages(jnp.asarray(SCORES), jnp.ones(B), method="mean")
+
+
+def test_group_size_zero_is_one_group_over_the_whole_batch():
+    from rl4mle_jax.rl.batch import prepare_batch
+    from rl4mle_jax.rl.learner_config import LearnerConfig
+
+    cfg = LearnerConfig(critic="none", advantage_estimator="rloo", group_size=0)
+    batch = {"tokens": np.zeros((B, T), np.int32), "attention_mask": np.ones((B, T), np.float32),
+             "response_mask": MASK, "old_logprobs": np.zeros((B, T), np.float32),
+             "rewards": SCORES, "dt_s": np.ones(B, np.float32)}
+    groups = prepare_batch(batch, cfg)["group_ids"]
+    np.testing.assert_array_equal(groups, np.zeros(B))
+    out = adv_lib.compute_advantages("rloo", jnp.asarray(SCORES), jnp.asarray(MASK),
+                                     group_ids_b=jnp.asarray(groups))
+    valid = MASK.sum(1) > 0  # the row without a response is neither baseline nor trained
+    ref = np.array([SCORES[i] - SCORES[valid & (np.arange(B) != i)].mean() if valid[i] else 0
+                    for i in range(B)])
+    np.testing.assert_allclose(np.asarray(out.advantages_bt), ref[:, None] * MASK, rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(ValueError, match="group_size must be >= 0"):
+        LearnerConfig(critic="none", advantage_estimator="rloo", group_size=-1)
