@@ -28,6 +28,8 @@ from rl4mle_jax.train import train  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config (configs/ablations.py).")
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/ablations", "Output directory.")
 _ONLY_TABLES = flags.DEFINE_bool("only_tables", False, "Redraw from existing runs only.")
+_VARIANTS = flags.DEFINE_list("variants", None, "Run only these variants, in this order "
+                              "(default: all of the config's); the tables cover every run.")
 flags.mark_flags_as_required(["config"])
 
 
@@ -58,8 +60,14 @@ def main(argv):
     logging.getLogger("rl4mle_jax").setLevel(logging.INFO)
     sweep, root = _CONFIG.value, Path(_WORKDIR.value)
     command = " ".join(["python experiments/sweep.py", *sys.argv[1:]])
-    for variant, overrides in sweep.variants.items():
-        for seed in sweep.seeds:
+    variant_seeds = sweep.get("variant_seeds", {})
+    names = _VARIANTS.value or list(sweep.variants)
+    unknown = sorted(set(names) - set(sweep.variants))
+    if unknown:
+        raise app.UsageError(f"unknown variants {unknown}; the config has {list(sweep.variants)}")
+    for variant in names:
+        overrides = sweep.variants[variant]
+        for seed in variant_seeds.get(variant, sweep.seeds):
             workdir = root / variant / f"seed{seed}"
             if _ONLY_TABLES.value or (workdir / "eval_final.json").exists():
                 continue

@@ -1,0 +1,24 @@
+"""The learning check of the embedded default (issue 11, point 3): configs/task.py unchanged,
+on seeds the hyper-parameter sweep (configs/sweep_tiny.py, seeds 0 and 1) did not use.
+
+Launch (resumes; ~8 min per run on 2 cores):
+  python experiments/sweep.py --config configs/learning_check.py --workdir workdirs/learning_check
+  python experiments/sweep.py --config configs/learning_check.py:synthetic-tradeoff \
+      --workdir workdirs/learning_check_tradeoff
+
+results.md gets, per seed, the first vs last quarter batch reward, the best-of-N valid rate and
+the test pick before vs after RL (rl4mle_jax.study.learning_table).
+"""
+
+import ml_collections
+
+from configs import task as base
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.base = base.get_config(arg)
+    c.base.run.progress = False
+    c.variants = ml_collections.ConfigDict({"default": ()})
+    c.seeds = (2, 3, 4)
+    return c
