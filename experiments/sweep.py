@@ -46,7 +46,8 @@ def write_results(root: Path, command: str, budget_s: float) -> str:
         fig.tight_layout()
         fig.savefig(root / f"{name}.png", dpi=90)
         plt.close(fig)
-    text = (f"Command: `{command}`  \nCommit: `{st.git_commit()}`  \nRL budget per run: "
+    text = (f"Command: `{command}`  \nTables drawn at commit `{st.git_commit()}` (each run's "
+            f"own commit: provenance.json in its workdir)  \nRL budget per run: "
             f"{budget_s:.0f} s wall-clock.\n\n## Ablation table\n\n{st.ablation_table(study)}\n\n"
             f"## Learning checks\n\n{st.learning_table(study)}\n")
     (root / "results.md").write_text(text)
@@ -59,7 +60,9 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger("rl4mle_jax").setLevel(logging.INFO)
     sweep, root = _CONFIG.value, Path(_WORKDIR.value)
-    command = " ".join(["python experiments/sweep.py", *sys.argv[1:]])
+    # The command that makes (or resumes) the runs, without the flags that only choose a part.
+    command = " ".join(["python experiments/sweep.py", *(
+        a for a in sys.argv[1:] if not a.startswith(("--only_tables", "--variants")))])
     variant_seeds = sweep.get("variant_seeds", {})
     names = _VARIANTS.value or list(sweep.variants)
     unknown = sorted(set(names) - set(sweep.variants))

@@ -21,6 +21,7 @@ import json
 import logging
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from rl4mle_jax import checkpoint as ckpt_lib
-from rl4mle_jax import sharding
+from rl4mle_jax import sharding, study
 from rl4mle_jax.best_of_n import best_of_n, save_eval
 from rl4mle_jax.components import Components, build_components
 from rl4mle_jax.env.instrument_lm import Instrumenter
@@ -77,6 +78,18 @@ def initial_eval_key(config: Any) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _write_provenance(workdir: Path) -> None:
+    """provenance.json: the commit and command of every start or resume of this workdir."""
+    path = workdir / "provenance.json"
+    try:
+        starts = json.loads(path.read_text())["starts"]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
+        starts = []
+    starts.append({"commit": study.git_commit(Path(__file__).parent), "argv": sys.argv,
+                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    path.write_text(json.dumps({"starts": starts}, indent=1))
+
+
 def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = None
           ) -> dict[str, Any]:
     """Run (or resume) the loop the config describes; returns the final summary.
@@ -89,6 +102,7 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=1))
+    _write_provenance(workdir)
     comps = build_components(config, workdir)
     key = jax.random.PRNGKey(config.seed)
     n, temp, slots = config.run.eval_samples, config.sampling.temperature, config.run.slots

@@ -69,7 +69,9 @@ def test_default_config_end_to_end(warm_cache, tmp_path):
 
     names = {p.name for p in workdir.iterdir()}
     assert {"checkpoints", "experience.jsonl", "metrics.jsonl", "tb", "plots", "report.md",
-            "eval_initial.json", "eval_final.json", "config.json"} <= names
+            "eval_initial.json", "eval_final.json", "config.json", "provenance.json"} <= names
+    start = json.loads((workdir / "provenance.json").read_text())["starts"][0]
+    assert start["commit"] and "argv" in start
     assert {p.name for p in (workdir / "plots").iterdir()} >= {
         "reward.png", "best_score.png", "duration.png", "milestones.png", "instrumentation.png",
         "utilisation.png"}
