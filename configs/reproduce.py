@@ -3,7 +3,8 @@ equal wall-clock budgets per run.
 
 Variants (configs/ablations.py): full, no duration weighting, no instrumentation, no
 self-improvement. Tasks: the local task with the paper's fast-weak / slow-strong trade-off and
-one text task. About two hours on a 2-core machine (24 runs × ~5 min).
+one text task. About 2¼ hours on a 2-core machine (24 runs × ~5.3 min, plus one initial
+best-of-32 per task and seed, shared by the variants).
 
 Launch (resumes: finished runs are skipped, interrupted ones resume from their checkpoints):
   python experiments/reproduce.py --config configs/reproduce.py --workdir workdirs/reproduce

@@ -33,6 +33,9 @@ _VARIANTS = flags.DEFINE_list("variants", None, "Run only these variants, in thi
 flags.mark_flags_as_required(["config"])
 
 
+SMOOTH = 5  # learner steps in the moving mean of the plotted curves (batches of 8 are noisy)
+
+
 def write_results(root: Path, command: str, budget_s: float) -> str:
     import matplotlib
 
@@ -42,7 +45,8 @@ def write_results(root: Path, command: str, budget_s: float) -> str:
     study = st.load_study(root)
     for key, name in (("reward/mean", "reward"), ("reward/valid_rate", "valid_rate")):
         fig, ax = plt.subplots(figsize=(7, 4))
-        st.plot_bands(study, key, ax=ax, title=f"{key} (mean ± std over seeds)")
+        st.plot_bands(study, key, ax=ax, smooth=SMOOTH,
+                      title=f"{key}, moving mean over {SMOOTH} steps (mean ± std over seeds)")
         fig.tight_layout()
         fig.savefig(root / f"{name}.png", dpi=90)
         plt.close(fig)

@@ -94,10 +94,17 @@ def git_commit(cwd: str | Path | None = None) -> str:
 
 
 # ---------------------------------------------------------------- curves
-def curve(run: Run, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """(wall-clock minutes, values) of one metric over learner steps."""
+def curve(run: Run, key: str, smooth: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(wall-clock minutes, values) of one metric over learner steps; smooth > 1: each value is
+    the mean of the last `smooth` steps' (fewer at the start)."""
     rows = [r for r in run.metrics if key in r and math.isfinite(r[key])]
-    return (np.asarray([r["wall_s"] / 60 for r in rows]), np.asarray([r[key] for r in rows]))
+    t, v = np.asarray([r["wall_s"] / 60 for r in rows]), np.asarray([r[key] for r in rows])
+    if smooth > 1 and len(v):
+        c = np.cumsum(np.concatenate([[0.0], v]))
+        idx = np.arange(1, len(v) + 1)
+        lo = np.maximum(idx - smooth, 0)
+        v = (c[idx] - c[lo]) / (idx - lo)
+    return t, v
 
 
 def trained_dt_curve(run: Run, window: int = 8) -> tuple[np.ndarray, np.ndarray]:
@@ -112,11 +119,12 @@ def trained_dt_curve(run: Run, window: int = 8) -> tuple[np.ndarray, np.ndarray]
     return t[len(kernel) - 1:], np.convolve(dt, kernel, mode="valid")
 
 
-def band(runs: list[Run], key: str, grid_points: int = 50
+def band(runs: list[Run], key: str, grid_points: int = 50, smooth: int = 1
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(grid, mean, std) across seeds of a metric, each run held at its last value (step
-    function) on a common wall-clock grid up to the shortest run's end."""
-    curves = [curve(r, key) for r in runs]
+    """(grid, mean, std) across seeds of a metric (each run's `curve(..., smooth)`), each run
+    held at its last value (step function) on a common wall-clock grid up to the shortest
+    run's end."""
+    curves = [curve(r, key, smooth) for r in runs]
     curves = [c for c in curves if len(c[0])]
     if not curves:
         return np.zeros(0), np.zeros(0), np.zeros(0)
@@ -129,13 +137,15 @@ def band(runs: list[Run], key: str, grid_points: int = 50
 
 
 def plot_bands(study: dict[str, list[Run]], key: str = "reward/mean", ax: Any = None,
-               variants: list[str] | None = None, title: str | None = None) -> Any:
-    """Mean ± std across seeds of `key` against wall-clock, one band per variant."""
+               variants: list[str] | None = None, title: str | None = None, smooth: int = 1
+               ) -> Any:
+    """Mean ± std across seeds of `key` (moving mean over `smooth` steps) against wall-clock,
+    one band per variant."""
     import matplotlib.pyplot as plt
 
     ax = ax or plt.subplots(figsize=(7, 4))[1]
     for i, variant in enumerate(variants or list(study)):
-        grid, mean, std = band(study[variant], key)
+        grid, mean, std = band(study[variant], key, smooth=smooth)
         if not len(grid):
             continue
         ax.plot(grid, mean, color=f"C{i}", label=f"{variant} (n={len(study[variant])})")

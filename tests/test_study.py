@@ -84,3 +84,12 @@ def test_learning_check_without_evaluations_or_steps(study_dir):
     assert c["valid_gain"] is None and c["test_gain"] is None
     assert "| no_instrumentation | 1 | +0.000 | — | — | no |" in st.learning_table(
         st.load_study(study_dir))
+
+
+def test_smoothed_curve_is_a_trailing_moving_mean(study_dir):
+    run = st.load_study(study_dir)["full"][0]  # rewards -5, -1
+    np.testing.assert_allclose(st.curve(run, "reward/mean", smooth=3)[1], [-5.0, -3.0])
+    grid, mean, _ = st.band(st.load_study(study_dir)["full"], "reward/mean", 2, smooth=2)
+    # seed0 smoothed: -5, -3 at 1 and 2 min; seed1: -3, -1 at 1 and 3 min (held at -3 at 2 min)
+    np.testing.assert_allclose(grid, [1.0, 2.0])
+    np.testing.assert_allclose(mean, [(-5 - 3) / 2, (-3 - 3) / 2])

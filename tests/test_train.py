@@ -57,9 +57,7 @@ def _records(path):
 
 
 def test_default_config_end_to_end(warm_cache, tmp_path):
-    from rl4mle_jax.train import train
-
-    from rl4mle_jax.train import initial_eval_key
+    from rl4mle_jax.train import initial_eval_key, train
 
     workdir, cfg = tmp_path / "run", _config(warm_cache, **{"run.eval_samples": 2})
     summary = train(cfg, workdir, shared_evals=tmp_path / "evals")
