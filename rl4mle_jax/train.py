@@ -68,13 +68,16 @@ class LoopState:
 _NOT_IN_INITIAL_EVAL = ("learner", "instrument", "mesh", "run")
 
 
-def initial_eval_key(config: Any) -> str:
+def initial_eval_key(config: Any, source: dict[str, Any] | None = None) -> str:
     """A digest of what the initial best-of-N depends on: runs of a sweep whose variants only
-    change the learner or the loop share it (same seed → same draws → same result)."""
+    change the learner or the loop share it (same seed → same draws → same result). `source`:
+    where the initial policy came from (Components.source: its `warmstart` cache entry, whose
+    name is its content key, or its `hf_dir`; the rest of it, timings, is not in the key)."""
     d = json.loads(config.to_json_best_effort())
     for name in _NOT_IN_INITIAL_EVAL:
         d.pop(name, None)
     d["eval_samples"] = config.run.eval_samples
+    d["policy_source"] = {k: str((source or {}).get(k)) for k in ("hf_dir", "warmstart")}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -107,7 +110,8 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
     key = jax.random.PRNGKey(config.seed)
     n, temp, slots = config.run.eval_samples, config.sampling.temperature, config.run.slots
     initial_path = workdir / "eval_initial.json"
-    shared = Path(shared_evals) / f"{initial_eval_key(config)}.json" if shared_evals else None
+    shared = (Path(shared_evals) / f"{initial_eval_key(config, comps.source)}.json"
+              if shared_evals else None)
     if not initial_path.exists() and shared is not None and shared.exists():
         log.info("best-of-%d of the initial policy: shared %s", n, shared)
         shutil.copyfile(shared, initial_path)

@@ -62,8 +62,9 @@ def test_default_config_end_to_end(warm_cache, tmp_path):
     workdir, cfg = tmp_path / "run", _config(warm_cache, **{"run.eval_samples": 2})
     summary = train(cfg, workdir, shared_evals=tmp_path / "evals")
     # The initial best-of-N is shared under its key for the other variants of a sweep.
-    shared = tmp_path / "evals" / f"{initial_eval_key(cfg)}.json"
+    (shared,) = (tmp_path / "evals").iterdir()
     assert shared.read_text() == (workdir / "eval_initial.json").read_text()
+    assert shared.stem != initial_eval_key(cfg)  # the warm start it evaluated is in the key
 
     names = {p.name for p in workdir.iterdir()}
     assert {"checkpoints", "experience.jsonl", "metrics.jsonl", "tb", "plots", "report.md",
@@ -103,6 +104,8 @@ def test_initial_eval_key_changes_with_what_the_initial_policy_sees(tmp_path):
     from rl4mle_jax.train import initial_eval_key
 
     key = initial_eval_key(_config(tmp_path))
+    assert initial_eval_key(_config(tmp_path), {"warmstart": "/c/warmstart-1"}) != \
+        initial_eval_key(_config(tmp_path), {"warmstart": "/c/warmstart-2"})
     for same in ({"learner.actor_lr": 1e-3}, {"run.batch_size": 2}, {"instrument.mode": "none"},
                  {"run.improve_prob": 0.0}, {"learner.duration_weighting": "off"}):
         assert initial_eval_key(_config(tmp_path, **same)) == key, same
