@@ -25,5 +25,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.variants = ml_collections.ConfigDict(ablations.VARIANTS)
     c.seeds = (0, 1, 2)
     c.tasks = ("synthetic-tradeoff", "food-reviews")  # the trade-off task and a text task
+    # Per-task overrides of the base: the trade-off task's data layout (24 float features in its
+    # first-row preview) needs 604 prompt tokens before the description, over the default 512.
+    c.task_overrides = ml_collections.ConfigDict({
+        "synthetic-tradeoff": (("prompt.max_prompt_tokens", 1024),
+                               ("sampling.prompt_buckets", (256, 512, 1024))),
+    })
     c.docs_dir = "docs/reproduction"
     return c

@@ -69,6 +69,7 @@ def main(argv):
     cfg, root = _CONFIG.value, Path(_WORKDIR.value)
     docs = Path(_DOCS.value or cfg.docs_dir)
     command = " ".join(["python experiments/reproduce.py", *sys.argv[1:]])
+    task_overrides = cfg.get("task_overrides", {})  # per task, before the variant's
     for task in cfg.tasks:
         for variant, overrides in cfg.variants.items():
             for seed in cfg.seeds:
@@ -76,7 +77,8 @@ def main(argv):
                 if _ONLY_FIGURES.value or (workdir / "eval_final.json").exists():
                     continue
                 run_cfg = copy.deepcopy(cfg.base)
-                run_cfg.update_from_flattened_dict(dict(overrides))
+                for extra in (task_overrides.get(task, ()), overrides):
+                    run_cfg.update_from_flattened_dict(dict(extra))
                 run_cfg.task, run_cfg.seed = task, int(seed)
                 train(run_cfg, workdir, shared_evals=root / "_initial_evals")
         print(write_figures(root / task, docs / task, command, cfg.base.run.time_budget_s))
