@@ -54,12 +54,8 @@ def write_figures(task_root: Path, out: Path, command: str, budget_s: float) -> 
         fig.tight_layout()
         fig.savefig(out / f"{name}.png", dpi=90)
         plt.close(fig)
-    table = st.ablation_table(study)
-    (out / "table.md").write_text(
-        f"# {task_root.name}\n\nCommand: `{command}`  \nCommit: `{st.git_commit()}`  \n"
-        f"RL budget per run: {budget_s:.0f} s wall-clock.\n\n{table}\n\n## Learning checks\n\n"
-        f"{st.learning_table(study)}\n")
-    return table
+    (out / "table.md").write_text(st.results_markdown(study, command, budget_s, task_root.name))
+    return st.ablation_table(study)
 
 
 def main(argv):
@@ -68,7 +64,7 @@ def main(argv):
     logging.getLogger("rl4mle_jax").setLevel(logging.INFO)
     cfg, root = _CONFIG.value, Path(_WORKDIR.value)
     docs = Path(_DOCS.value or cfg.docs_dir)
-    command = " ".join(["python experiments/reproduce.py", *sys.argv[1:]])
+    command = st.run_command("experiments/reproduce.py", sys.argv[1:], drop=("--only_figures",))
     task_overrides = cfg.get("task_overrides", {})  # per task, before the variant's
     for task in cfg.tasks:
         for variant, overrides in cfg.variants.items():

@@ -50,10 +50,7 @@ def write_results(root: Path, command: str, budget_s: float) -> str:
         fig.tight_layout()
         fig.savefig(root / f"{name}.png", dpi=90)
         plt.close(fig)
-    text = (f"Command: `{command}`  \nTables drawn at commit `{st.git_commit()}` (each run's "
-            f"own commit: provenance.json in its workdir)  \nRL budget per run: "
-            f"{budget_s:.0f} s wall-clock.\n\n## Ablation table\n\n{st.ablation_table(study)}\n\n"
-            f"## Learning checks\n\n{st.learning_table(study)}\n")
+    text = st.results_markdown(study, command, budget_s)
     (root / "results.md").write_text(text)
     return text
 
@@ -64,9 +61,8 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger("rl4mle_jax").setLevel(logging.INFO)
     sweep, root = _CONFIG.value, Path(_WORKDIR.value)
-    # The command that makes (or resumes) the runs, without the flags that only choose a part.
-    command = " ".join(["python experiments/sweep.py", *(
-        a for a in sys.argv[1:] if not a.startswith(("--only_tables", "--variants")))])
+    command = st.run_command("experiments/sweep.py", sys.argv[1:],
+                             drop=("--only_tables", "--variants"))
     variant_seeds = sweep.get("variant_seeds", {})
     names = _VARIANTS.value or list(sweep.variants)
     unknown = sorted(set(names) - set(sweep.variants))

@@ -63,14 +63,12 @@ def plot_learning_curve(run: study.Run, refs: dict[str, Any], direction: str, ou
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     a.plot(x, y, ".", alpha=0.6, label="batch mean reward")
     w = max(1, len(y) // 4)
-    if len(y) >= w:
-        a.plot(x[w - 1:], np.convolve(y, np.ones(w) / w, mode="valid"),
-               label=f"moving mean over {w} steps")
+    smoothed = study.curve(run, "reward/mean", smooth=w)[1]
+    a.plot(x[w - 1:], smoothed[w - 1:], label=f"moving mean over {w} steps")  # full windows
     a.set_title("Batch reward per learner step")
     bx, by = study.curve(run, "score/best")
     if len(bx):

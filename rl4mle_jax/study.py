@@ -281,3 +281,21 @@ def learning_table(study: dict[str, list[Run]]) -> str:
               "(goal >= 0.25) | mean test gain (goal >= 0) | all goals met |",
               "|---|---|---|---|---|---|", *means]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- results page
+def run_command(script: str, argv: list[str], drop: tuple[str, ...] = ()) -> str:
+    """The command that makes (or resumes) a study's runs: `script` with `argv`, without the
+    flags in `drop` (those that only redraw or choose a part)."""
+    return " ".join(["python", script, *(a for a in argv if not a.startswith(drop))])
+
+
+def results_markdown(study: dict[str, list[Run]], command: str, budget_s: float,
+                     title: str | None = None) -> str:
+    """A study's results page: command, commit, budget, the ablation table and the learning
+    checks of every run."""
+    head = f"# {title}\n\n" if title else ""
+    return (f"{head}Command: `{command}`  \nTables drawn at commit `{git_commit()}` (each run's "
+            f"own commit: provenance.json in its workdir)  \nRL budget per run: "
+            f"{budget_s:.0f} s wall-clock.\n\n## Ablation table\n\n{ablation_table(study)}\n\n"
+            f"## Learning checks\n\n{learning_table(study)}\n")

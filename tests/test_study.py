@@ -93,3 +93,13 @@ def test_smoothed_curve_is_a_trailing_moving_mean(study_dir):
     # seed0 smoothed: -5, -3 at 1 and 2 min; seed1: -3, -1 at 1 and 3 min (held at -3 at 2 min)
     np.testing.assert_allclose(grid, [1.0, 2.0])
     np.testing.assert_allclose(mean, [(-5 - 3) / 2, (-3 - 3) / 2])
+
+
+def test_results_page_and_run_command(study_dir):
+    page = st.results_markdown(st.load_study(study_dir), "python x.py --config c", 300.0, "t")
+    assert page.startswith("# t\n\nCommand: `python x.py --config c`")
+    assert "RL budget per run: 300 s wall-clock." in page
+    assert "## Ablation table\n\n| variant |" in page
+    assert "## Learning checks\n\n| variant |" in page
+    assert st.run_command("e.py", ["--config=c", "--only_tables", "--variants=a,b"],
+                          drop=("--only_tables", "--variants")) == "python e.py --config=c"
