@@ -18,7 +18,8 @@ from rl4mle_jax import models, run_config, sharding
 from rl4mle_jax.env import prompts as prompts_lib
 from rl4mle_jax.env.reward import RewardConfig
 from rl4mle_jax.env.sandbox import Sandbox
-from rl4mle_jax.env.tasks import load_task, prepare_task
+from rl4mle_jax.env.tasks import load_task
+from rl4mle_jax.env.validate import validate_task
 from rl4mle_jax.models.tokenizer import load_tokenizer
 from rl4mle_jax.rollout.episode import EpisodeConfig
 from rl4mle_jax.sampling import Sampler
@@ -110,13 +111,32 @@ def _prompt_config(config: Any, chat: bool) -> prompts_lib.PromptConfig:
         system_prompt=prompts_lib.QWEN_DEFAULT_SYSTEM if chat else None)
 
 
+def _warn_if_description_cut(context: Any, prompt_cfg: Any, tokenizer: Any) -> None:
+    """The solve prompt with the policy's own tokenizer: say what of the description is cut."""
+    count = lambda s: len(tokenizer.encode(s))  # noqa: E731
+    chat = tokenizer.apply_chat_template if tokenizer.is_chat else None
+    prompt = prompts_lib.solve_prompt(context, cfg=prompt_cfg, chat_template=chat,
+                                      count_tokens=count)
+    cut = prompts_lib.description_cut(context, prompt, count)
+    if cut:
+        total, kept, dropped = cut
+        lines = [line for line in dropped.splitlines() if line.strip()]
+        log.warning("task: the description (%d tokens) is cut to %d to fit "
+                    "prompt.max_prompt_tokens=%d: %d lines dropped, from %r", total, kept,
+                    prompt_cfg.max_prompt_tokens, len(lines), lines[0][:80] if lines else "")
+
+
 def build_components(config: Any, workdir: Path) -> Components:
     """Everything a run needs, from a validated config (the warm start is built if missing)."""
     sections = validate_config(config)
     data_root = config.data_root or None
-    task_path = Path(str(config.task)).expanduser()
-    task = (load_task(task_path, data_root) if task_path.exists()
-            else prepare_task(str(config.task), data_root))
+    # Before any work: every problem of the task named at once (env.validate).
+    check = validate_task(str(config.task), data_root=data_root,
+                          max_prompt_tokens=config.prompt.max_prompt_tokens)
+    for w in check.warnings:
+        log.warning("task: %s", w)
+    check.raise_for_errors()
+    task = load_task(str(config.task), data_root)  # a directory, a suite id or an MLE-bench id
     sandbox = Sandbox(**sections["env"].sandbox_kwargs(task.timeout_s))
     timeout_s = sandbox.limits.timeout_s
     # What the prompt lists as installed is probed inside the sandbox the programs run in.
@@ -133,7 +153,7 @@ def build_components(config: Any, workdir: Path) -> Components:
         cache = (Path(config.warmstart.cache_dir).expanduser() if config.warmstart.cache_dir
                  else warmstart.default_warmstart_dir())
         ws = warmstart.build_warmstart(
-            [task.id], cache, {**dict(config.warmstart.settings),
+            [task], cache, {**dict(config.warmstart.settings),
                                "max_prompt_tokens": config.prompt.max_prompt_tokens,
                                "max_response_tokens": config.prompt.max_response_tokens},
             prompt_config=_prompt_config(config, chat=False), libraries=libraries,
@@ -144,6 +164,7 @@ def build_components(config: Any, workdir: Path) -> Components:
     prompt_cfg = _prompt_config(config, tokenizer.is_chat)
     context = dataclasses.replace(prompts_lib.task_context(task, libraries, "reward", prompt_cfg),
                                   timeout_s=timeout_s)  # the prompt states the real limit
+    _warn_if_description_cut(context, prompt_cfg, tokenizer)
     samp = config.sampling
     sampler = Sampler(model_config, tokenizer.stop_token_ids, tokenizer.pad_id,
                       prompt_buckets=tuple(samp.prompt_buckets),

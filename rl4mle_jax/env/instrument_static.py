@@ -310,5 +310,7 @@ def static_placements(tree: ast.Module, analysis: _Analysis | None = None) -> li
             else:
                 out.append(Placement("wrap", call, ev))
         if after:
-            out.append(Placement("after", stmt, tuple(after)))
+            # Calls come outermost first (`Ridge().fit(X, y)`: fit before Ridge), but all the
+            # markers run at the statement's end, so emit them in milestone order.
+            out.append(Placement("after", stmt, tuple(sorted(after, key=MILESTONES.index))))
     return out

@@ -47,6 +47,7 @@ class PromptConfig:
     max_files: int = 12
     max_columns: int = 25
     max_cell_chars: int = 24
+    wide_columns: int = 8  # a CSV with more columns is described compactly
     min_description_tokens: int = 48
     code_share: float = 0.65  # of the trimmable room, the earlier code's share (improve prompt)
 
@@ -132,9 +133,21 @@ def _read_csv_head(path: Path) -> tuple[list[str], list[str], int | None]:
     return header, row, n_rows
 
 
+def _compact_cell(v: str, cfg: PromptConfig) -> str:
+    """A cell of a wide table's first row: numbers bare (6 significant digits), text quoted."""
+    try:
+        x = float(v)
+    except ValueError:
+        x = None
+    if x is not None and v.strip() and v.strip().lower() not in ("nan", "inf", "-inf"):
+        return v if len(v) <= 8 else f"{x:.6g}"
+    return repr(v if len(v) <= cfg.max_cell_chars else v[: cfg.max_cell_chars - 3] + "...")
+
+
 def _describe_csv(name: str, head: tuple, ref: tuple | None, cfg: PromptConfig) -> str:
     """Rows and columns; the first row only for the widest CSV (the others reuse its columns)
-    and for narrow files such as the sample submission."""
+    and for narrow files such as the sample submission. A wide table (more than
+    `wide_columns`) names each column once, with its first-row value, to fit the budget."""
     header, row, n_rows = head
     rows = f"{n_rows} rows, " if n_rows is not None else ""
     if ref is not None and ref[0] != name and set(header) < set(ref[1]) and \
@@ -142,9 +155,15 @@ def _describe_csv(name: str, head: tuple, ref: tuple | None, cfg: PromptConfig) 
         missing = [c for c in ref[1] if c not in header]
         return f"{rows}columns: those of {ref[0]} without {', '.join(missing)}"
     cols = header[: cfg.max_columns]
-    more = f", ... ({len(header)} columns)" if len(header) > len(cols) else ""
-    text = f"{rows}columns: {', '.join(cols)}{more}"
-    if ref is None or ref[0] == name or len(header) <= 5:
+    show_row = ref is None or ref[0] == name or len(header) <= 5
+    if len(header) > cfg.wide_columns:
+        more = f", ... {len(header) - len(cols)} more" if len(header) > len(cols) else ""
+        if show_row:
+            cells = ", ".join(f"{c}={_compact_cell(v, cfg)}" for c, v in zip(cols, row))
+            return f"{rows}{len(header)} columns; column=first-row value: {cells}{more}"
+        return f"{rows}{len(header)} columns: {', '.join(cols)}{more}"
+    text = f"{rows}columns: {', '.join(cols)}"
+    if show_row:
         cut = lambda v: v if len(v) <= cfg.max_cell_chars else v[: cfg.max_cell_chars - 3] + "..."
         text += "\n    first row: " + ", ".join(f"{c}={cut(v)!r}" for c, v in zip(cols, row))
     return text
@@ -259,11 +278,14 @@ def _messages(cfg: PromptConfig, user: str) -> list[dict]:
     return msgs + [{"role": "user", "content": user}]
 
 
+_CUT_MARK = "\n[... description cut ...]"
+
+
 def _cut_text(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
     """Head of `text` within `max_tokens`, cut at a line boundary when possible."""
     if count(text) <= max_tokens:
         return text
-    lo, hi, mark = 0, len(text), "\n[... description cut ...]"
+    lo, hi, mark = 0, len(text), _CUT_MARK
     while lo < hi:  # longest prefix that fits, by bisection on characters
         mid = (lo + hi + 1) // 2
         if count(text[:mid] + mark) <= max_tokens:
@@ -274,6 +296,41 @@ def _cut_text(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
     if "\n" in head[len(head) // 2:]:
         head = head[: head.rindex("\n")]
     return head + mark if head else ""
+
+
+def _submission_section(text: str) -> tuple[int, int] | None:
+    """(start, end) of the description's markdown section on the submission format."""
+    lines = text.splitlines(keepends=True)
+    start = end = None
+    pos = 0
+    for line in lines:
+        stripped = line.lstrip()
+        if stripped.startswith("#"):
+            if start is not None and end is None:
+                end = pos
+            if start is None and "submission" in stripped.lower():
+                start = pos
+        pos += len(line)
+    if start is None:
+        return None
+    return start, end if end is not None else len(text)
+
+
+def _cut_description(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
+    """The description within `max_tokens`: its section on the submission format is kept
+    whole where it takes at most half the room (a program in the wrong format scores
+    nothing), the rest is cut from the end."""
+    if count(text) <= max_tokens:
+        return text
+    sec = _submission_section(text)
+    if sec is not None:
+        section = text[sec[0]:sec[1]].rstrip("\n")
+        need = count(section) + count(_CUT_MARK) + 1
+        if need <= max_tokens // 2:
+            rest = (text[:sec[0]] + text[sec[1]:]).rstrip("\n")
+            head = _cut_text(rest, max_tokens - need, count)
+            return (head + "\n\n" if head else "") + section
+    return _cut_text(text, max_tokens, count)
 
 
 def build_prompt(ctx: TaskContext, *, earlier_code: str | None = None,
@@ -313,7 +370,7 @@ def build_prompt(ctx: TaskContext, *, earlier_code: str | None = None,
                         room - desc_min)
         desc_room = room - code_room
     for _ in range(8):
-        desc = _cut_text(ctx.description, max(desc_room, 0), count_tokens)
+        desc = _cut_description(ctx.description, max(desc_room, 0), count_tokens)
         code = trim_code(earlier_code, max(code_room, 1), count_tokens) \
             if earlier_code is not None else None
         text, msgs = make(desc, code)
@@ -325,6 +382,20 @@ def build_prompt(ctx: TaskContext, *, earlier_code: str | None = None,
         desc_room -= over // 2 + 1
         code_room -= over - over // 2 + 1
     raise ValueError(f"could not fit the prompt into {budget} tokens (last try: {n})")
+
+
+def description_cut(ctx: TaskContext, prompt: Prompt,
+                    count_tokens: Callable[[str], int] = approx_token_count
+                    ) -> tuple[int, int, str] | None:
+    """What `build_prompt` cut from the description: (its tokens, the tokens kept, the lines
+    dropped), or None when it fits whole."""
+    room = prompt.trimmed.get("description_tokens")
+    if room is None:
+        return None
+    kept = _cut_description(ctx.description, max(room, 0), count_tokens)
+    left = set(kept.splitlines())
+    dropped = [line for line in ctx.description.splitlines() if line not in left]
+    return count_tokens(ctx.description), count_tokens(kept), "\n".join(dropped)
 
 
 # ---------------------------------------------------------------- the two prompts

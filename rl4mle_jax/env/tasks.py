@@ -3,11 +3,14 @@
 Two layouts load:
 
 * ours (also hand-made): ``<root>/task.json``, ``description.md``, ``public/`` (train, test,
-  sample submission, extra files), ``private/<answers_file>``; the reward view is written to
-  ``<root>/reward/{public,private}``.
+  sample submission, extra files), ``private/<answers_file>``.
 * MLE-bench's prepared data: ``<root>/prepared/{public,private}``; the spec comes from
-  ``<root>/task.json`` if present, else from ``rl4mle_jax.env.mlebench``. The reward view is
-  written under the data root (``derived/``) so the user's MLE-bench copy is never modified.
+  ``<root>/task.json`` if present, else from ``rl4mle_jax.env.mlebench``.
+
+Derived files (the reward view carved from public train) never go into a directory the user
+made: a task prepared by us under the data root keeps its view in ``<root>/reward``; any other
+directory (hand-made, MLE-bench) gets ``<data_root>/derived/<id>-<hash of its path>/reward``.
+Every derived file is keyed by the content it was made from (`Task.fingerprint`).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class Task:
     reward_seed: int = REWARD_SEED
     reward_root: Path | None = None  # where the reward view lives
     extra: dict = field(default_factory=dict)  # other task.json fields, kept verbatim
+    _reward_ready: bool = field(default=False, repr=False, compare=False)
 
     @property
     def public_dir(self) -> Path:
@@ -74,6 +78,24 @@ class Task:
     def _reward_root(self) -> Path:
         return self.reward_root if self.reward_root is not None else self.root / "reward"
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What the task is, by content: sha256 of the spec, the description and every public
+        file (the agent's view and the source of the reward split). Caches keyed by it (warm
+        start, demonstrations, reward view) rebuild when any of them changes; `files` names
+        which. The private answers are not in it: nothing derived from them is cached."""
+        from rl4mle_jax.env.datasets.splits import sha256_file_cached
+
+        spec = {k: v for k, v in self.to_spec().items() if k != "reference_scores"}
+        files = {"task.json": hashlib.sha256(json.dumps(
+            spec, sort_keys=True, default=str).encode()).hexdigest(),
+            "description": hashlib.sha256(self.description.encode()).hexdigest()}
+        base = self.public_dir
+        for p in sorted(base.rglob("*")):
+            if p.is_file():
+                files["public/" + p.relative_to(base).as_posix()] = sha256_file_cached(p)
+        public = {k: v for k, v in files.items() if k.startswith("public/")}
+        return {"digest": _digest(files), "public_digest": _digest(public), "files": files}
+
     def ensure_reward_split(self) -> Path:
         """Create (or verify) the reward view; returns its root."""
         from rl4mle_jax.env.datasets.splits import carve_reward_split
@@ -84,7 +106,9 @@ class Task:
                            sample_submission_file=self.sample_submission_file,
                            id_column=self.id_column, target_columns=self.target_columns,
                            label_column=self.label_column, fraction=self.reward_fraction,
-                           seed=self.reward_seed)
+                           seed=self.reward_seed,
+                           source_sha256=self.fingerprint()["public_digest"])
+        self._reward_ready = True
         return out
 
     def input_dir(self, split: str = "reward") -> Path:
@@ -92,10 +116,9 @@ class Task:
         _check_split(split)
         if split == "test":
             return self.public_dir
-        root = self._reward_root()
-        if not (root / "manifest.json").exists():
+        if not self._reward_ready:  # once per process: made, or verified against the sources
             self.ensure_reward_split()
-        return root / "public"
+        return self._reward_root() / "public"
 
     def answers_path(self, split: str = "reward") -> Path:
         _check_split(split)
@@ -122,9 +145,13 @@ class Task:
     def to_spec(self) -> dict[str, Any]:
         """The task.json form of this task."""
         d = asdict(self)
-        for k in ("root", "reward_root", "layout", "description", "extra"):
+        for k in ("root", "reward_root", "layout", "description", "extra", "_reward_ready"):
             d.pop(k)
         return {**self.extra, **d}
+
+
+def _digest(files: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
 def _check_split(split: str) -> None:
@@ -133,54 +160,127 @@ def _check_split(split: str) -> None:
 
 
 _REQUIRED = {"id": str, "metric": str, "id_column": str, "target_columns": list}
+KNOWN_FIELDS = ("id", "metric", "direction", "id_column", "target_columns", "label_column",
+                "answers_file", "train_file", "test_file", "sample_submission_file",
+                "reference_scores", "timeout_s", "reward_fraction", "reward_seed")
+# Fields our own preparation writes (kept in Task.extra, never a typo).
+RECORDED_FIELDS = ("title", "source", "data_sha256", "n_train", "n_test", "builder_version")
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    """One problem of a task.json dict: the field, what is wrong, and what to write instead."""
+
+    field: str
+    message: str
+    fix: str = ""
+    severity: str = "error"  # "error" | "warning"
+
+
+def spec_problems(spec: dict[str, Any]) -> list[SpecProblem]:
+    """Every problem of a task.json dict that can be seen without its files (errors first)."""
+    import difflib
+
+    out: list[SpecProblem] = []
+
+    def bad(name: str, message: str, fix: str = "") -> None:
+        out.append(SpecProblem(name, message, fix))
+
+    for name, typ in _REQUIRED.items():
+        if name not in spec:
+            bad(name, f"missing required field {name!r}", _FIELD_HELP[name])
+        elif not isinstance(spec[name], typ):
+            bad(name, f"field {name!r} must be a {typ.__name__}, got "
+                f"{type(spec[name]).__name__}", _FIELD_HELP[name])
+    metric = spec.get("metric")
+    if isinstance(metric, str) and metric not in METRICS:
+        near = difflib.get_close_matches(metric, list(METRICS), n=1)
+        bad("metric", f"field 'metric' must be one of {sorted(METRICS)}, got {metric!r}",
+            f"did you mean {near[0]!r}?" if near else _FIELD_HELP["metric"])
+    targets = spec.get("target_columns")
+    if isinstance(targets, list) and (not targets or not all(isinstance(t, str) and t
+                                                             for t in targets)):
+        bad("target_columns", f"field 'target_columns' must be a non-empty list of column "
+            f"names, got {targets!r}", _FIELD_HELP["target_columns"])
+    if isinstance(targets, list) and len(set(targets)) != len(targets):
+        bad("target_columns", f"field 'target_columns' repeats a column: {targets!r}")
+    if "direction" in spec:
+        direction = spec["direction"]
+        if direction not in ("higher", "lower"):
+            bad("direction", f"field 'direction' must be 'higher' or 'lower', got "
+                f"{direction!r}", "leave it out: the metric sets it")
+        elif metric in METRICS and direction != METRICS[metric].direction:
+            bad("direction", f"field 'direction' is {direction!r}, but {metric} is "
+                f"{METRICS[metric].direction}-is-better", "leave 'direction' out: the metric "
+                "sets it")
+    timeout = spec.get("timeout_s", DEFAULT_TIMEOUT_S)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        bad("timeout_s", f"field 'timeout_s' must be a positive number, got {timeout!r}",
+            f"seconds one program may run, e.g. {DEFAULT_TIMEOUT_S:g}")
+    refs = spec.get("reference_scores", {})
+    if not isinstance(refs, dict) or not all(
+            isinstance(v, dict) and all(isinstance(x, (int, float)) for x in v.values())
+            for v in refs.values()):
+        bad("reference_scores", f"field 'reference_scores' must map split -> {{name: score}}, "
+            f"got {refs!r}", 'e.g. {"test": {"baseline": 0.71, "strong": 0.78}}, or run '
+            "`python -m rl4mle_jax.env calibrate DIR --write`")
+    elif set(refs) - set(SPLITS):
+        bad("reference_scores", f"field 'reference_scores' has splits {sorted(set(refs))}; "
+            f"the splits are {list(SPLITS)}")
+    fraction = spec.get("reward_fraction", REWARD_FRACTION)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) \
+            or not 0 < fraction < 1:
+        bad("reward_fraction", f"field 'reward_fraction' must be in (0, 1), got {fraction!r}",
+            f"the share of public train held out as the reward split, e.g. {REWARD_FRACTION}")
+    seed = spec.get("reward_seed", REWARD_SEED)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        bad("reward_seed", f"field 'reward_seed' must be an integer, got {seed!r}")
+    for name in ("answers_file", "train_file", "test_file"):
+        if name in spec and not (isinstance(spec[name], str) and spec[name]):
+            bad(name, f"field {name!r} must be a file name, got {spec[name]!r}")
+    for name in ("sample_submission_file", "label_column"):
+        if spec.get(name) is not None and not (isinstance(spec[name], str) and spec[name]):
+            bad(name, f"field {name!r} must be a name or null, got {spec[name]!r}")
+    known = set(KNOWN_FIELDS) | set(RECORDED_FIELDS)
+    for name in sorted(k for k in spec if k not in known):
+        near = difflib.get_close_matches(name, KNOWN_FIELDS, n=1)
+        out.append(SpecProblem(name, f"unknown field {name!r} (kept, but nothing reads it)",
+                               f"did you mean {near[0]!r}?" if near else "", "warning"))
+    return out
+
+
+_FIELD_HELP = {
+    "id": 'a short name, e.g. "id": "titanic-survival"',
+    "metric": f"one of {sorted(METRICS)}",
+    "id_column": 'the column that names each row in train, test, sample submission and '
+                 'answers, e.g. "id_column": "PassengerId"',
+    "target_columns": 'the columns a submission must fill, e.g. "target_columns": ["Survived"]'
+                      '; for class probabilities one column per class, with "label_column" '
+                      'naming the train column that holds the class',
+}
 
 
 def task_from_spec(spec: dict[str, Any], root: Path, *, layout: str, where: str) -> Task:
-    """Validate a task.json dict; errors name `where` (the file) and the field."""
-    for name, typ in _REQUIRED.items():
-        if name not in spec:
-            raise TaskSpecError(f"{where}: missing required field {name!r}")
-        if not isinstance(spec[name], typ):
-            raise TaskSpecError(f"{where}: field {name!r} must be a {typ.__name__}, "
-                                f"got {type(spec[name]).__name__}")
-    if spec["metric"] not in METRICS:
-        raise TaskSpecError(f"{where}: field 'metric' must be one of {sorted(METRICS)}, "
-                            f"got {spec['metric']!r}")
-    targets = spec["target_columns"]
-    if not targets or not all(isinstance(t, str) and t for t in targets):
-        raise TaskSpecError(f"{where}: field 'target_columns' must be a non-empty list of "
-                            f"column names, got {targets!r}")
+    """Validate a task.json dict (the first error raises, naming `where` and the field)."""
+    errors = [p for p in spec_problems(spec) if p.severity == "error"]
+    if errors:
+        e = errors[0]
+        raise TaskSpecError(f"{where}: {e.message}" + (f" ({e.fix})" if e.fix else ""))
     direction = spec.get("direction", METRICS[spec["metric"]].direction)
-    if direction not in ("higher", "lower"):
-        raise TaskSpecError(f"{where}: field 'direction' must be 'higher' or 'lower', "
-                            f"got {direction!r}")
-    timeout = spec.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise TaskSpecError(f"{where}: field 'timeout_s' must be a positive number, "
-                            f"got {timeout!r}")
-    refs = spec.get("reference_scores", {})
-    if not isinstance(refs, dict) or not all(isinstance(v, dict) for v in refs.values()):
-        raise TaskSpecError(f"{where}: field 'reference_scores' must map split -> "
-                            f"{{name: score}}, got {refs!r}")
-    fraction = spec.get("reward_fraction", REWARD_FRACTION)
-    if not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
-        raise TaskSpecError(f"{where}: field 'reward_fraction' must be in (0, 1), "
-                            f"got {fraction!r}")
-    known = {"id", "metric", "direction", "id_column", "target_columns", "answers_file",
-             "reference_scores", "timeout_s", "label_column", "train_file", "test_file",
-             "sample_submission_file", "reward_fraction", "reward_seed"}
     return Task(id=spec["id"], root=root, metric=spec["metric"], direction=direction,
-                id_column=spec["id_column"], target_columns=list(targets),
+                id_column=spec["id_column"], target_columns=list(spec["target_columns"]),
                 answers_file=spec.get("answers_file", "answers.csv"),
-                reference_scores=refs, timeout_s=float(timeout),
+                reference_scores=spec.get("reference_scores", {}),
+                timeout_s=float(spec.get("timeout_s", DEFAULT_TIMEOUT_S)),
                 label_column=spec.get("label_column"),
                 train_file=spec.get("train_file", "train.csv"),
                 test_file=spec.get("test_file", "test.csv"),
                 sample_submission_file=spec.get("sample_submission_file",
                                                 "sample_submission.csv"),
-                layout=layout, reward_fraction=float(fraction),
+                layout=layout,
+                reward_fraction=float(spec.get("reward_fraction", REWARD_FRACTION)),
                 reward_seed=int(spec.get("reward_seed", REWARD_SEED)),
-                extra={k: v for k, v in spec.items() if k not in known})
+                extra={k: v for k, v in spec.items() if k not in KNOWN_FIELDS})
 
 
 def _discover(spec: dict[str, Any], public: Path, private: Path) -> dict[str, Any]:
@@ -256,11 +356,16 @@ def load_task_dir(path: Path, data_root: Path | None = None) -> Task:
             if cand.exists():
                 task.description = cand.read_text()
                 break
-    if layout == "mlebench" or not os.access(path, os.W_OK):
-        digest = hashlib.sha256(str(path).encode()).hexdigest()[:10]
-        task.reward_root = (data_root or default_data_root()) / "derived" / \
-            f"{task.id}-{digest}" / "reward"
+    root = Path(data_root or default_data_root()).expanduser().resolve()
+    if layout == "mlebench" or not path.is_relative_to(root):
+        task.reward_root = derived_dir(task.id, path, root) / "reward"
     return task
+
+
+def derived_dir(task_id: str, path: Path, data_root: Path) -> Path:
+    """Where files derived from the task directory `path` go (outside it)."""
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:10]
+    return data_root / "derived" / f"{task_id}-{digest}"
 
 
 def list_tasks() -> list[str]:

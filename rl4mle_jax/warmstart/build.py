@@ -28,10 +28,10 @@ import jax
 import numpy as np
 
 from rl4mle_jax.env import prompts
-from rl4mle_jax.env.tasks import load_task
+from rl4mle_jax.env.tasks import Task, load_task
 from rl4mle_jax.models import get_preset, init_params, save_hf_checkpoint
 from rl4mle_jax.models.tokenizer import build_code_corpus, load_tokenizer, train_bpe_tokenizer
-from rl4mle_jax.warmstart.cache import WarmStart, cache_key, load_warmstart
+from rl4mle_jax.warmstart.cache import WarmStart, cache_key, changed_since_cached, load_warmstart
 from rl4mle_jax.warmstart.check import instrument_accept_rate, sample_and_run
 from rl4mle_jax.warmstart.config import WarmStartConfig
 from rl4mle_jax.warmstart.demo_runs import Demo, default_sandbox, load_demos, make_demos, save_demos
@@ -51,9 +51,10 @@ def make_sandbox(cfg: WarmStartConfig):
 
 def task_demos(task, cfg: WarmStartConfig, sandbox, cache_dir: Path,
                log: Callable[[str], None] = lambda s: None) -> list[Demo]:
-    """The task's demonstrations, run once and cached (keyed by data, generator and config)."""
+    """The task's demonstrations, run once and cached (keyed by the task's content, the
+    generator and the config)."""
     key = hashlib.sha256(json.dumps(
-        [task.id, task.extra.get("data_sha256"), DEMO_SET_VERSION, cfg.demos_per_task,
+        [task.id, task.fingerprint()["digest"], DEMO_SET_VERSION, cfg.demos_per_task,
          cfg.demo_seed, cfg.demo_timeout_s]).encode()).hexdigest()[:16]
     path = cache_dir / f"{task.id}-{key}.jsonl"
     if path.exists():
@@ -67,12 +68,16 @@ def task_demos(task, cfg: WarmStartConfig, sandbox, cache_dir: Path,
     return demos
 
 
-def build_warmstart(task_ids: Sequence[str], out_dir: str | os.PathLike,
+def build_warmstart(tasks: Sequence[str | os.PathLike | Task], out_dir: str | os.PathLike,
                     config: WarmStartConfig | Mapping[str, Any] | None = None, *,
                     prompt_config=None, libraries: Sequence[str] | None = None, sandbox=None,
                     data_root: str | os.PathLike | None = None,
                     log: Callable[[str], None] = print, force: bool = False) -> WarmStart:
-    """Builds (or loads from `out_dir`'s cache) the warm-started tiny model for `task_ids`.
+    """Builds (or loads from `out_dir`'s cache) the warm-started tiny model for `tasks`.
+
+    tasks: loaded tasks, task directories or suite / MLE-bench ids. The cache key includes
+      each task's content (`Task.fingerprint`): a changed task rebuilds, and the log names the
+      files that changed since the last warm start of the same task id.
 
     prompt_config: the `env.prompts.PromptConfig` the RL loop renders prompts with (default:
       no system prompt, cfg.max_prompt_tokens / cfg.max_response_tokens). libraries: what the
@@ -81,21 +86,24 @@ def build_warmstart(task_ids: Sequence[str], out_dir: str | os.PathLike,
     cfg = config if isinstance(config, WarmStartConfig) else WarmStartConfig.from_mapping(config)
     t_start = time.time()
     out_dir = Path(out_dir)
-    tasks = [load_task(t, data_root) for t in task_ids]
+    tasks = [t if isinstance(t, Task) else load_task(t, data_root) for t in tasks]
     pcfg = prompt_config or prompts.PromptConfig(
         max_prompt_tokens=cfg.max_prompt_tokens, max_response_tokens=cfg.max_response_tokens,
         system_prompt=None)
     sandbox = sandbox or make_sandbox(cfg)
     if libraries is None:
         libraries = list(prompts.probe_libraries(sandbox, input_dir=tasks[0].input_dir("reward")))
+    prints = {t.id: t.fingerprint() for t in tasks}
     key = cache_key([t.id for t in tasks], cfg, {
         "prompt": dataclasses.asdict(pcfg), "libraries": list(libraries),
-        "data": [t.extra.get("data_sha256") for t in tasks]})
+        "data": [prints[t.id]["digest"] for t in tasks]})
     final = out_dir / f"warmstart-{key}"
     if (final / "DONE").exists() and not force:
         ws = load_warmstart(final)
         log(f"warm start: cached {final} ({time.time() - t_start:.1f}s)")
         return ws
+    for line in changed_since_cached(out_dir, prints):
+        log(f"warm start: {line}; rebuilding")
     tmp = out_dir / f".tmp-warmstart-{key}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     hf_dir = tmp / "hf"
@@ -161,6 +169,7 @@ def build_warmstart(task_ids: Sequence[str], out_dir: str | os.PathLike,
     flat = [d for t in tasks for d in all_demos[t.id]]
     stats = {
         "key": key, "tasks": [t.id for t in tasks], "config": dataclasses.asdict(cfg),
+        "task_files": {tid: fp["files"] for tid, fp in prints.items()},
         "prompt_config": dataclasses.asdict(pcfg), "libraries": list(libraries),
         "model": {**dataclasses.asdict(model_config), "num_params": model_config.num_params()},
         "tokenizer": {"vocab_size": tokenizer.vocab_size, "corpus_docs": len(corpus)},

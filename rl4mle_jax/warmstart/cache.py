@@ -15,7 +15,7 @@ from rl4mle_jax.warmstart.config import WarmStartConfig
 from rl4mle_jax.warmstart.demo_runs import load_demos
 from rl4mle_jax.warmstart.demos import DEMO_SET_VERSION
 
-WARMSTART_VERSION = "1"
+WARMSTART_VERSION = "2"  # bump when the prompts or the build change
 Params = Any
 
 
@@ -45,6 +45,33 @@ def cache_key(task_ids: Sequence[str], config: WarmStartConfig, extra: Mapping |
                        "demo_set": DEMO_SET_VERSION, "version": WARMSTART_VERSION,
                        "extra": extra or {}}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def changed_since_cached(out_dir: str | os.PathLike, prints: Mapping[str, Mapping]
+                         ) -> list[str]:
+    """For each task whose id has a finished warm start in `out_dir` built from other content,
+    one line naming the files that differ (so a rebuild says why). `prints`: task id ->
+    `Task.fingerprint()`."""
+    latest: dict[str, tuple[float, str, dict]] = {}
+    for stats_p in Path(out_dir).glob("warmstart-*/stats.json"):
+        if not (stats_p.parent / "DONE").exists():
+            continue
+        try:
+            files = json.loads(stats_p.read_text()).get("task_files") or {}
+        except (OSError, ValueError):
+            continue
+        for tid, old in files.items():
+            mtime = stats_p.stat().st_mtime
+            if tid in prints and mtime > latest.get(tid, (-1.0, "", {}))[0]:
+                latest[tid] = (mtime, stats_p.parent.name, old)
+    out = []
+    for tid, (_, name, old) in sorted(latest.items()):
+        new = prints[tid]["files"]
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        if diff:
+            shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
+            out.append(f"task {tid!r} changed since {name} ({shown})")
+    return out
 
 
 def load_warmstart(path: str | os.PathLike) -> WarmStart:

@@ -341,36 +341,56 @@ def _output_block(p: DataProfile) -> tuple[str, str]:
     return code, f"Refit the model for each target column and write {what}."
 
 
+def _program(task, profile: DataProfile, family: str, rnd: random.Random) -> DemoProgram:
+    """One program of `family` for the task (hyper-parameters and features drawn from `rnd`)."""
+    table = _REGRESSORS if profile.kind == "regression" else _CLASSIFIERS
+    est = "regressor" if profile.kind == "regression" else "classifier"
+    header = _HEADER.format(imports=_imports(profile))
+    out_code, out_plan = _output_block(profile)
+    ctor_t, needs_scale = table[family][2:]
+    if family == "logistic" and profile.pixel_max:  # hundreds of features: keep lbfgs quick
+        ctor_t = ctor_t.replace("max_iter=1000", "max_iter=200")
+    hp = {k: rnd.choice(v) for k, v in _PARAM_GRID.items() if "{" + k + "}" in ctor_t}
+    if profile.text_column and family == "random_forest":
+        hp["n"] = 100
+    scale = needs_scale or rnd.random() < 0.3
+    f_code, pipe, f_plan, f_params = _feature_block(profile, rnd, family, scale)
+    model = f"make_pipeline({pipe}, {est})" if pipe else est
+    code = (f"{header}\n{f_code}{est} = {ctor_t.format(**hp)}\nmodel = {model}\n"
+            f'{out_code}sub.to_csv("./submission/submission.csv", index=False)\n')
+    plan = f"{f_plan} Fit {_PLAN_MODEL[family].format(**hp)}. {out_plan}"
+    return DemoProgram(plan, code, family, {**hp, **f_params})
+
+
 def generate_programs(task, profile: DataProfile | None = None, n: int = 16, seed: int = 0
                       ) -> list[DemoProgram]:
     """`n` distinct programs for `task`, cycling over the model families that suit its data."""
     profile = profile or profile_task(task)
     rnd = random.Random(f"{task.id}:{seed}")
     fams = _families(profile)
-    table = _REGRESSORS if profile.kind == "regression" else _CLASSIFIERS
-    est = "regressor" if profile.kind == "regression" else "classifier"
-    header = _HEADER.format(imports=_imports(profile))
-    out_code, out_plan = _output_block(profile)
     programs: list[DemoProgram] = []
     seen: set[str] = set()
     attempts = 0
     while len(programs) < n and attempts < 50 * n:
         family = fams[(len(programs) + attempts // 10) % len(fams)]
         attempts += 1
-        ctor_t, needs_scale = table[family][2:]
-        if family == "logistic" and profile.pixel_max:  # hundreds of features: keep lbfgs quick
-            ctor_t = ctor_t.replace("max_iter=1000", "max_iter=200")
-        hp = {k: rnd.choice(v) for k, v in _PARAM_GRID.items() if "{" + k + "}" in ctor_t}
-        if profile.text_column and family == "random_forest":
-            hp["n"] = 100
-        scale = needs_scale or rnd.random() < 0.3
-        f_code, pipe, f_plan, f_params = _feature_block(profile, rnd, family, scale)
-        model = f"make_pipeline({pipe}, {est})" if pipe else est
-        code = (f"{header}\n{f_code}{est} = {ctor_t.format(**hp)}\nmodel = {model}\n"
-                f'{out_code}sub.to_csv("./submission/submission.csv", index=False)\n')
-        if code in seen:
+        prog = _program(task, profile, family, rnd)
+        if prog.code in seen:
             continue
-        seen.add(code)
-        plan = f"{f_plan} Fit {_PLAN_MODEL[family].format(**hp)}. {out_plan}"
-        programs.append(DemoProgram(plan, code, family, {**hp, **f_params}))
+        seen.add(prog.code)
+        programs.append(prog)
     return programs
+
+
+# Reference solutions of a task without hand-written baselines (`env calibrate DIR`): the
+# simple family and the strong one, first in this order that suits the data.
+REFERENCE_FAMILIES = {"baseline": ("logistic", "ridge"),
+                      "strong": ("hist_gradient_boosting", "random_forest")}
+
+
+def reference_program(task, kind: str, profile: DataProfile | None = None) -> DemoProgram:
+    """The generated `kind` ("baseline" | "strong") solution of `task` (seeded by its id)."""
+    profile = profile or profile_task(task)
+    fams = _families(profile)
+    family = next(f for f in REFERENCE_FAMILIES[kind] + tuple(fams) if f in fams)
+    return _program(task, profile, family, random.Random(f"{task.id}:reference:{kind}"))

@@ -1,6 +1,7 @@
 """Static and LM instrumentation, markers with nonces, and the verifier."""
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -336,6 +337,41 @@ def test_a_lazy_call_ending_its_statement_keeps_both_markers(tmp_path):
     res = _run(prog.render(nonce := new_nonce()), tmp_path)
     assert res.returncode == 0, res.stderr
     assert scan_markers(res.stdout, nonce).milestones == ("libraries_imported", "data_loaded")
+
+
+_CHAIN_STUBS = textwrap.dedent("""\
+    import os
+    class Ridge:
+        def __init__(self, **kw): pass
+        def fit(self, *a, **kw): return self
+        def predict(self, x): return x
+    LGBMClassifier = Ridge
+    def make_pipeline(*steps): return steps[-1]
+    X, y, T, p = [1], [1], [2], {}
+    """)
+_DT = ("model_defined", "model_trained")
+
+
+@pytest.mark.parametrize("stmt, expected", [
+    ("model = Ridge().fit(X, y)", _DT),
+    ("clf = make_pipeline(Ridge()).fit(X, y)", _DT),
+    ("m = LGBMClassifier(**p).fit(X, y, eval_set=[(X, y)])", _DT),
+    ("preds = Ridge().fit(X, y).predict(T)", (*_DT, "predictions_made")),
+    ("if True: preds = Ridge().fit(X, y).predict(T)", (*_DT, "predictions_made")),
+    ("for q in Ridge().fit(X, y).predict(T): pass", (*_DT, "predictions_made")),  # wrapped
+    ("def f():\n    return Ridge().fit(X, y).predict(T)\nf()", (*_DT, "predictions_made")),
+])
+def test_a_statement_with_several_milestones_emits_them_in_milestone_order(tmp_path, stmt,
+                                                                           expected):
+    prog = instrument_static(_CHAIN_STUBS + stmt + "\n")
+    assert prog.milestones == ("libraries_imported", *expected)
+    src = prog.render(nonce := new_nonce())
+    last = src.splitlines()[len(_CHAIN_STUBS.splitlines()):]  # the statement's own lines
+    named = [m for line in last for m in re.findall(r'"(\w+)"\)', line) if m in MILESTONES]
+    assert tuple(named) == expected  # appended after the statement, or wrapped inner first
+    res = _run(src, tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert scan_markers(res.stdout, nonce).milestones == ("libraries_imported", *expected)
 
 
 def test_tree_comparison_matches_ast_dump():

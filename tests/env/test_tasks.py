@@ -152,7 +152,9 @@ def test_handmade_task_loads_and_reward_split(tmp_path):
     task = load_task(root, data_root=tmp_path / "data")
     assert task.direction == "higher" and task.timeout_s == 300
     assert (task.input_dir("reward") / "train.csv").exists()
-    assert task.input_dir("reward") == root / "reward" / "public"
+    # Derived files never go into the user's directory.
+    assert task.input_dir("reward").is_relative_to(tmp_path / "data" / "derived")
+    assert not (root / "reward").exists()
     bad = tmp_path / "notatask"
     bad.mkdir()
     with pytest.raises(TaskSpecError, match="not a task directory"):

@@ -18,8 +18,19 @@ def baseline_path(task_id: str, kind: str = "baseline") -> Path:
 
 
 def available(task_id: str) -> list[str]:
-    """Kinds of baseline that exist for `task_id`."""
+    """Kinds of hand-written baseline that exist for `task_id`."""
     return [k for k in KINDS if baseline_path(task_id, k).exists()]
+
+
+def reference_code(task, kind: str = "baseline") -> str:
+    """The `kind` solution of `task`: the hand-written script of a local task, else the one the
+    warm start's demonstration generator writes for the task's data (any task directory)."""
+    path = baseline_path(task.id, kind)
+    if path.exists():
+        return path.read_text()
+    from rl4mle_jax.warmstart.demos import reference_program
+
+    return reference_program(task, kind).code
 
 
 def run_baseline(task, kind: str = "baseline", split: str = "reward",
@@ -31,7 +42,7 @@ def run_baseline(task, kind: str = "baseline", split: str = "reward",
     """
     from rl4mle_jax.env.execute import default_sandbox, run_and_grade
 
-    code = baseline_path(task.id, kind).read_text()
+    code = reference_code(task, kind)
     sandbox = sandbox or default_sandbox(timeout_s or task.timeout_s)
     return run_and_grade(code, task, sandbox, split=split, timeout_s=timeout_s or task.timeout_s)
 
@@ -43,7 +54,7 @@ def measure_reference(task, kinds: list[str] | None = None, sandbox=None) -> dic
     sandbox = sandbox or default_sandbox(task.timeout_s)
     scores: dict = {"reward": {}, "test": {}}
     runtime: dict = {"reward": {}, "test": {}}
-    for kind in kinds or available(task.id):
+    for kind in kinds or available(task.id) or list(KINDS):
         for split in ("reward", "test"):
             run = run_baseline(task, kind, split, sandbox=sandbox)
             rep = run.grade

@@ -7,7 +7,7 @@ on, so a task whose data differs (other package versions) is re-measured at prep
 
 RECORDED: dict = {
  "diamonds-cut": {
-  "data_sha256": "bcab7d9eb7e293a226685ba577031b28eb0a406f156864731cc97c87d763f001",
+  "data_sha256": "d30c9a7bd8f5c87f55c7797ca563ce7eee7bb5f792116db43b4b41a8d8db0989",
   "reward": {
    "baseline": 0.778094,
    "strong": 0.835322
@@ -28,7 +28,7 @@ RECORDED: dict = {
   }
  },
  "diamonds-price": {
-  "data_sha256": "44eb0cbaef4e1cd39c114577e206cdc728cf6ff7b4529ac904a0ab33e9db0146",
+  "data_sha256": "a6871338dac028d6f80c34d3ed583b9132747b1ef0a230f29b7b916c8b76f989",
   "reward": {
    "baseline": 0.138203,
    "strong": 0.099664
@@ -49,7 +49,7 @@ RECORDED: dict = {
   }
  },
  "digits": {
-  "data_sha256": "ae5649dde69e30fdeda36d4817fa75d7512ea59d3966c965a412f85e5825d360",
+  "data_sha256": "ffb858ca08298524ed8690e61f96a98d0949f67e760a4b5011a3dc841037c56f",
   "reward": {
    "baseline": 0.96875,
    "strong": 0.982639
@@ -70,7 +70,7 @@ RECORDED: dict = {
   }
  },
  "email-spam": {
-  "data_sha256": "43eccfca36c61ac5443a86aaa0cd6f5f67fb47afd6e562e9abb5e19a8b3622c8",
+  "data_sha256": "4838b77c07d3538d05e6a081964be96609cb4d296750937dc7edc587b1b30519",
   "reward": {
    "baseline": 0.868468,
    "strong": 0.938859
@@ -91,7 +91,7 @@ RECORDED: dict = {
   }
  },
  "food-reviews": {
-  "data_sha256": "fde13d5e3ded17d1941d5ac8882dde941eba8e6c4c837d5004e9a6f2b7445bd3",
+  "data_sha256": "4e92ed241c57f1959e83686257ed999dfaf03f10fb9ec09e20cd08a8a0ecc3e0",
   "reward": {
    "baseline": 0.860565,
    "strong": 0.873468
@@ -112,7 +112,7 @@ RECORDED: dict = {
   }
  },
  "hotel-rates": {
-  "data_sha256": "03a939e4b2519717a0a250ec5d122ce119d45caedc274ae8fb29aa21ce30a640",
+  "data_sha256": "f3f45b8aa3992d87b901a270545f6087dfc54c6e9ba9befbd969c6cd192b229d",
   "reward": {
    "baseline": 22.768457,
    "strong": 14.298309
@@ -133,7 +133,7 @@ RECORDED: dict = {
   }
  },
  "leaf-species": {
-  "data_sha256": "4639fb6ea3ffac0ee4aea6c6adf23ce562818600d4c0782cbd01763664be8b4a",
+  "data_sha256": "022f3b45aa6fe94b3c2842947fcc6ab6450134f6d3682e39acc1375c6b211867",
   "reward": {
    "baseline": 0.34802,
    "strong": 0.101824
@@ -154,7 +154,7 @@ RECORDED: dict = {
   }
  },
  "meats-composition": {
-  "data_sha256": "3eede5dd6945e1b4e96ca12504a4656e6ad027ad2afa2be4fb5b5f324edbab29",
+  "data_sha256": "b7330446195ca859dffd102e73d0b7d35cc14813739ee18197edd321db88eafc",
   "reward": {
    "baseline": 0.094539,
    "strong": 0.096805
@@ -175,7 +175,7 @@ RECORDED: dict = {
   }
  },
  "mnist": {
-  "data_sha256": "1646f92ffdde39c3dfd79be44103c3101db1d4c6382befd10e34bd5f8f06dc21",
+  "data_sha256": "55a54d741ee9ef12e196b4cb4697b67a2bf563d55a47003b74c3e4a98e80695e",
   "reward": {
    "baseline": 0.9175,
    "strong": 0.9675
@@ -196,7 +196,7 @@ RECORDED: dict = {
   }
  },
  "synthetic-tradeoff": {
-  "data_sha256": "11a10fcc34072b69b9c368502687cc098445c9baa5a86b4365f69c3fc22e5cef",
+  "data_sha256": "fb0acc6ff883b9ecad3c5388a7815acbac3c6938f7d07717ef3e0f72d45bef7a",
   "reward": {
    "baseline": 0.656262,
    "strong": 0.735513
@@ -217,7 +217,7 @@ RECORDED: dict = {
   }
  },
  "telco-churn": {
-  "data_sha256": "0da639d961c6ef578ccfd04ff2221f86175e1dd34aeaee2a5412b42aa4510eb1",
+  "data_sha256": "8029b4c4a37c027f8a65970dbfbfd1cd252671ebb4144c05eb7259f2dd1b17a0",
   "reward": {
    "baseline": 0.855226,
    "strong": 0.85513
@@ -238,7 +238,7 @@ RECORDED: dict = {
   }
  },
  "tweet-source": {
-  "data_sha256": "2e65427a285d32b7e57bd68ffcae01d03e6b8f169ef6445a84a2cc543b50255b",
+  "data_sha256": "602da20e79cd1b6fc879e556479a924fb27f645ceeb8572b616aaf17df590981",
   "reward": {
    "baseline": 0.628906,
    "strong": 0.260935

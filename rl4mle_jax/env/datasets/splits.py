@@ -31,6 +31,21 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+_SHA_MEMO: dict[tuple, str] = {}
+
+
+def sha256_file_cached(path: Path) -> str:
+    """`sha256_file`, memoised per process on (path, inode, size, mtime): a task's files are
+    hashed once per process however often its fingerprint is asked for."""
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _SHA_MEMO:
+        if len(_SHA_MEMO) > 100_000:
+            _SHA_MEMO.clear()
+        _SHA_MEMO[key] = sha256_file(path)
+    return _SHA_MEMO[key]
+
+
 def checksums(root: Path, subdirs: Iterable[str]) -> dict[str, str]:
     """sha256 of every file under root/subdir, keyed by path relative to root (sorted)."""
     out = {}
@@ -140,17 +155,21 @@ def _columns_of(path: Path | None) -> list[str] | None:
 def carve_reward_split(*, public_dir: Path, out_dir: Path, train_file: str, test_file: str,
                        sample_submission_file: str | None, id_column: str,
                        target_columns: list[str], label_column: str | None = None,
-                       fraction: float = 0.2, seed: int = 0) -> dict:
+                       fraction: float = 0.2, seed: int = 0,
+                       source_sha256: str | None = None) -> dict:
     """Write ``out_dir/public`` and ``out_dir/private/answers.csv``; returns the manifest.
 
     Idempotent: if ``out_dir/manifest.json`` records the same source train checksum and
-    parameters and all files verify, nothing is rewritten. Written atomically (temp dir +
+    parameters (and `source_sha256`, the digest of every public file the view copies) and all
+    files verify, nothing is rewritten. Written atomically (temp dir +
     rename) so concurrent callers never see a half-written view.
     """
     train_path = public_dir / train_file
     params = dict(version=REWARD_SPLIT_VERSION, train_sha256=sha256_file(train_path),
                   fraction=fraction, seed=seed, id_column=id_column,
                   target_columns=list(target_columns), label_column=label_column)
+    if source_sha256 is not None:
+        params["source_sha256"] = source_sha256
     manifest_path = out_dir / "manifest.json"
     if manifest_path.exists():
         old = json.loads(manifest_path.read_text())

