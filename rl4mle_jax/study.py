@@ -15,6 +15,7 @@ trained episodes over time per variant (Fig. 8), reward with and without instrum
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import subprocess
@@ -79,9 +80,11 @@ def load_study(root: str | Path) -> dict[str, list[Run]]:
     return out
 
 
+@functools.lru_cache(maxsize=8)
 def git_commit(cwd: str | Path | None = None) -> str:
     """The short commit of the checkout (with "+dirty" when tracked files changed), for
-    provenance of a table or figure."""
+    provenance of a table or figure: read once per process, so a long study records the
+    code it started with even when the checkout moves on while it runs."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
                               cwd=cwd).stdout.strip()

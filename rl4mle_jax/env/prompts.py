@@ -10,6 +10,7 @@ paper's phrasing. The description and the earlier code are cut to fit `max_promp
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import subprocess
 import sys
@@ -48,6 +49,7 @@ class PromptConfig:
     max_columns: int = 25
     max_cell_chars: int = 24
     wide_columns: int = 8  # a CSV with more columns is described compactly
+    layout_share: float = 0.3  # the data layout's most of max_prompt_tokens (fewer columns shown)
     min_description_tokens: int = 48
     code_share: float = 0.65  # of the trimmable room, the earlier code's share (improve prompt)
 
@@ -198,7 +200,13 @@ def describe_input_dir(input_dir: Path, cfg: PromptConfig = PromptConfig()) -> s
     p = Path(input_dir)
     if not p.is_dir():
         raise FileNotFoundError(f"input dir {p} does not exist")
-    return _describe_dir_cached(str(p.resolve()), p.stat().st_mtime, cfg)
+    room = int(cfg.layout_share * cfg.max_prompt_tokens)
+    for k in (cfg.max_columns, 16, 10, 6, 3):  # wide tables: fewer columns until it fits
+        text = _describe_dir_cached(str(p.resolve()), p.stat().st_mtime,
+                                    dataclasses.replace(cfg, max_columns=min(k, cfg.max_columns)))
+        if approx_token_count(text) <= room:
+            break
+    return text
 
 
 def task_context(task: Any, libraries: Sequence[str], split: str = "reward",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,12 +121,13 @@ def _floats(values) -> np.ndarray | None:
 
 
 def validate_task(path_or_id: str | Path, *, data_root: str | Path | None = None,
-                  max_prompt_tokens: int | None = None, libraries: tuple[str, ...] = (),
-                  count_tokens=None) -> Validation:
+                  max_prompt_tokens: int | None = None,
+                  libraries: tuple[str, ...] | None = None, count_tokens=None) -> Validation:
     """Check a task directory (or a suite / MLE-bench id) without changing it.
 
     max_prompt_tokens: the prompt budget to check the description against (default: the
-      embedded default's, `run_config.PromptLimits`). count_tokens: the run's tokenizer's
+      embedded default's, `run_config.PromptLimits`). libraries: what the prompt lists as
+      installed (default: probed with this interpreter). count_tokens: the run's tokenizer's
       counter (default: the approximate count, ~3.5 characters a token).
     """
     from rl4mle_jax.env.tasks import load_task
@@ -400,6 +402,8 @@ def _dry_run(task: Task, rep: _Report, max_prompt_tokens, libraries, count_token
             else:
                 rep.out.checked.append(f"{split} split grades (answers: {task.metric} = "
                                        f"{right.score:.4g})")
+        if libraries is None:
+            libraries = tuple(sorted(prompts.probe_libraries(python=sys.executable)))
         _check_prompt(scratch, rep, max_prompt_tokens or PromptLimits().max_prompt_tokens,
                       libraries, count_tokens or prompts.approx_token_count)
 

@@ -126,8 +126,13 @@ def build_warmstart(tasks: Sequence[str | os.PathLike | Task], out_dir: str | os
     def count(text: str) -> int:
         return len(tokenizer.encode(text))
 
-    pairs = [p for t in tasks for p in training_pairs(t, all_demos[t.id], libraries, pcfg,
-                                                      count, cfg)]
+    try:
+        pairs = [p for t in tasks for p in training_pairs(t, all_demos[t.id], libraries, pcfg,
+                                                          count, cfg)]
+    except ValueError as e:  # the prompt does not fit, counted with the real tokenizer
+        raise ValueError(f"warm start: {e} (counted with the warm start's own tokenizer; "
+                         f"raise --config.prompt.max_prompt_tokens, now "
+                         f"{pcfg.max_prompt_tokens})") from e
     examples, dropped = encode_pairs(tokenizer, pairs, pcfg.max_prompt_tokens,
                                      pcfg.max_response_tokens, cfg.max_instrument_tokens)
     kinds = {k: sum(e.kind == k for e in examples) for k in ("solve", "improve", "instrument")}
