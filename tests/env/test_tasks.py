@@ -214,6 +214,12 @@ def test_mlebench_layout_loads_and_grades(tmp_path):
     assert set(r_train["id"]).isdisjoint(r_ans["id"])
     r_sample = task.sample_submission_path("reward")
     assert grade(task, r_sample, split="reward").valid
+    # Validation knows the layout too (the spec from mlebench.py, label column included).
+    from rl4mle_jax.env.validate import validate_task
+
+    check = validate_task(root, data_root=tmp_path / "data")
+    assert check.ok and check.task_id == "spooky-author-identification", check.problems
+    assert sorted(p.name for p in (root / "prepared").iterdir()) == ["private", "public"]
 
 
 def test_mlebench_id_and_json_train(tmp_path, monkeypatch):

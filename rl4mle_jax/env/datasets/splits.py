@@ -200,8 +200,10 @@ def carve_reward_split(*, public_dir: Path, out_dir: Path, train_file: str, test
                              one_hot(pd.Series(held.column(label_column)), list(target_columns),
                                      f"{train_path} column {label_column!r}")], axis=1)
     else:
-        raise ValueError(f"{train_path}: neither target columns {target_columns} nor label "
-                         f"column {label_column!r} present; cannot build reward answers")
+        raise ValueError(f"{train_path}: neither the target columns {target_columns} nor a "
+                         f"label column are in train, so the reward split has no answers; for "
+                         f"class probabilities add \"label_column\": \"<the train column holding "
+                         f"the class>\" to task.json (label_column is {label_column!r})")
     if answers[target_columns].map(lambda v: isinstance(v, bool)).any().any():
         answers[target_columns] = answers[target_columns].astype(int)
 
