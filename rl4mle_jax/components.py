@@ -132,7 +132,8 @@ def build_components(config: Any, workdir: Path) -> Components:
     data_root = config.data_root or None
     # Before any work: every problem of the task named at once (env.validate).
     check = validate_task(str(config.task), data_root=data_root,
-                          max_prompt_tokens=config.prompt.max_prompt_tokens)
+                          max_prompt_tokens=config.prompt.max_prompt_tokens,
+                          warmstart=not config.model.hf_dir)
     for w in check.warnings:
         log.warning("task: %s", w)
     check.raise_for_errors()

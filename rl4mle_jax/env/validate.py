@@ -122,13 +122,16 @@ def _floats(values) -> np.ndarray | None:
 
 def validate_task(path_or_id: str | Path, *, data_root: str | Path | None = None,
                   max_prompt_tokens: int | None = None,
-                  libraries: tuple[str, ...] | None = None, count_tokens=None) -> Validation:
+                  libraries: tuple[str, ...] | None = None, count_tokens=None,
+                  warmstart: bool = True) -> Validation:
     """Check a task directory (or a suite / MLE-bench id) without changing it.
 
     max_prompt_tokens: the prompt budget to check the description against (default: the
       embedded default's, `run_config.PromptLimits`). libraries: what the prompt lists as
       installed (default: probed with this interpreter). count_tokens: the run's tokenizer's
-      counter (default: the approximate count, ~3.5 characters a token).
+      counter (default: the approximate count, ~3.5 characters a token). warmstart: also
+      check that the warm start can write demonstrations for the task (a run without
+      `model.hf_dir` needs them).
     """
     from rl4mle_jax.env.tasks import load_task
 
@@ -151,7 +154,7 @@ def validate_task(path_or_id: str | Path, *, data_root: str | Path | None = None
         _check_contents(task, rep)
         if out.errors:
             return out
-    _dry_run(task, rep, max_prompt_tokens, libraries, count_tokens)
+    _dry_run(task, rep, max_prompt_tokens, libraries, count_tokens, warmstart)
     return out
 
 
@@ -358,9 +361,11 @@ def _check_values(task: Task, metric, ans: pd.DataFrame, where: str, rep: _Repor
                   f"{int((~np.isclose(arr.sum(axis=1), 1.0)).sum())} rows are not")
 
 
-def _dry_run(task: Task, rep: _Report, max_prompt_tokens, libraries, count_tokens) -> None:
+def _dry_run(task: Task, rep: _Report, max_prompt_tokens, libraries, count_tokens,
+             warmstart: bool) -> None:
     """What a run does first, in a scratch directory: carve the reward split, grade the
-    answers and the sample submission on both splits, render the solve prompt."""
+    answers and the sample submission on both splits, render the solve prompt, and (for the
+    warm start) write demonstration programs."""
     from rl4mle_jax.env import prompts
     from rl4mle_jax.env.grading import TaskError, grade_bytes
     from rl4mle_jax.run_config import PromptLimits
@@ -402,10 +407,28 @@ def _dry_run(task: Task, rep: _Report, max_prompt_tokens, libraries, count_token
             else:
                 rep.out.checked.append(f"{split} split grades (answers: {task.metric} = "
                                        f"{right.score:.4g})")
+        if warmstart:
+            _check_demos(scratch, rep)
         if libraries is None:
             libraries = tuple(sorted(prompts.probe_libraries(python=sys.executable)))
         _check_prompt(scratch, rep, max_prompt_tokens or PromptLimits().max_prompt_tokens,
                       libraries, count_tokens or prompts.approx_token_count)
+
+
+def _check_demos(task: Task, rep: _Report) -> None:
+    from rl4mle_jax.warmstart.demos import generate_programs
+
+    try:
+        progs = generate_programs(task, n=2)
+    except Exception as e:  # noqa: BLE001 - whatever the generator hits, named
+        rep.error("warm start", f"cannot write demonstration programs for this task "
+                  f"({type(e).__name__}: {str(e)[:300]})", "give a checkpoint with "
+                  "--config.model.hf_dir (no warm start), or make train/test plain tables")
+        return
+    if not progs:
+        rep.error("warm start", "wrote no demonstration program for this task")
+    else:
+        rep.out.checked.append("warm-start demonstrations can be written")
 
 
 def _check_prompt(task: Task, rep: _Report, budget: int, libraries, count) -> None:
