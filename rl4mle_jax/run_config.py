@@ -154,6 +154,9 @@ class MeshConfig:
     tensor: int = 1
 
 
+ADMISSION_MODES = ("bounded", "drop_stale")  # RunConfig.admission
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """The actor-learner loop (train.py)."""
@@ -163,7 +166,12 @@ class RunConfig:
     max_steps: int = 1000
     time_budget_s: float = 300.0  # RL wall-clock; the paper fixes time, not steps; 0: none
     improve_prob: float = 0.5
-    max_staleness: int = 4  # policy versions; older episodes are dropped
+    # Admission control ("bounded", AReaL's max_head_offpolicyness): an episode starts only
+    # while started-but-not-yet-trained episodes number < (max_staleness + 1) x batch_size, and
+    # nothing finished is discarded; "drop_stale": start freely, drop finished episodes more
+    # than max_staleness policy versions old (the old loop, for comparisons).
+    admission: str = "bounded"
+    max_staleness: int = 4  # policy versions
     duration_source: str = "episode"  # Δt for the weights, see rollout.collate.DURATION_SOURCES
     duration_floor_s: float = DURATION_FLOOR_S  # the least Δt
     # Learner batches pad prompt and response to the batch's longest, rounded up to a multiple
@@ -186,6 +194,9 @@ class RunConfig:
               f"must be >= 0, got {self.duration_floor_s}")
         _need(0.0 <= self.improve_prob <= 1.0, "improve_prob", "must be in [0, 1]")
         _need(self.length_bucket >= 0, "length_bucket", f"must be >= 0, got {self.length_bucket}")
+        _need(self.admission in ADMISSION_MODES, "admission",
+              f"{self.admission!r} is not one of {ADMISSION_MODES}")
+        _need(self.max_staleness >= 0, "max_staleness", f"must be >= 0, got {self.max_staleness}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -293,12 +293,26 @@ def run_command(script: str, argv: list[str], drop: tuple[str, ...] = ()) -> str
     return " ".join(["python", script, *(a for a in argv if not a.startswith(drop))])
 
 
+def run_commits(study: dict[str, list[Run]]) -> set[str]:
+    """The commits the study's runs started from (their provenance.json)."""
+    out = set()
+    for runs in study.values():
+        for r in runs:
+            p = Path(r.workdir) / "provenance.json"
+            if p.exists():
+                out |= {s.get("commit", "unknown") for s in json.loads(p.read_text())["starts"]}
+    return out
+
+
 def results_markdown(study: dict[str, list[Run]], command: str, budget_s: float,
                      title: str | None = None) -> str:
     """A study's results page: command, commit, budget, the ablation table and the learning
     checks of every run."""
     head = f"# {title}\n\n" if title else ""
-    return (f"{head}Command: `{command}`  \nTables drawn at commit `{git_commit()}` (each run's "
-            f"own commit: provenance.json in its workdir)  \nRL budget per run: "
+    made = sorted(run_commits(study))
+    return (f"{head}Command: `{command}`  \nRuns made at commit "
+            f"{', '.join(f'`{c}`' for c in made) or 'unknown'} (each run's provenance.json); "
+            f"tables drawn at commit `{git_commit()}`  \n"
+            f"RL budget per run: "
             f"{budget_s:.0f} s wall-clock.\n\n## Ablation table\n\n{ablation_table(study)}\n\n"
             f"## Learning checks\n\n{learning_table(study)}\n")

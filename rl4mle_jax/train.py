@@ -59,8 +59,11 @@ class LoopState:
     best_score: float | None = None
     best_reward: float = float("-inf")
     best_episode: int | None = None
+    episodes_started: int = 0
     episodes_trained: int = 0
-    episodes_dropped: int = 0
+    episodes_dropped: int = 0  # finished but discarded for staleness (0 under admission control)
+    episodes_failed: int = 0  # the episode itself raised (logged with its error)
+    episodes_over_staleness: int = 0  # kept although older than run.max_staleness versions
 
 
 # Sections that do not change the initial policy's best-of-N (it samples the warm start and runs
@@ -196,8 +199,21 @@ class _Trainer:
             self.c.task, self.c.tokenizer, policy, self.c.sandbox, instrumenter, self.buffer,
             self.c.context, self.c.episode_cfg, self.c.reward_cfg, self.c.prompt_cfg,
             frozen=frozen, rng=random.Random(cfg.seed * 7919 + self.explog.next_episode_id))
-        pool = RolloutPool(runner, runner.make_request, run.slots,
-                           first_episode_id=self.explog.next_episode_id)
+        # Admission control: started-but-untrained episodes (this process's) stay below the
+        # staleness bound; finished ones are never discarded for staleness.
+        bound = (run.max_staleness + 1) * run.batch_size
+        self._settled = 0  # this process's finished episodes trained, failed or dropped
+
+        def admit() -> bool:
+            return pool.started - self._settled < bound
+
+        def make_request(episode_id: int) -> dict[str, Any]:
+            self.loop.episodes_started += 1
+            return runner.make_request(episode_id)
+
+        pool = RolloutPool(runner, make_request, run.slots,
+                           first_episode_id=self.explog.next_episode_id,
+                           admit=admit if run.admission == "bounded" else None)
         for svc in (policy, frozen):
             if svc is not None:
                 svc.start()
@@ -233,6 +249,8 @@ class _Trainer:
                 batch, ready = ready[:run.batch_size], ready[run.batch_size:]
                 metrics = await asyncio.get_running_loop().run_in_executor(
                     self.lane, self._learn, batch)
+                self._settled += len(batch)
+                pool.wake()  # slots waiting for admission may start now
                 self.loop.wall_s = wall0 + time.time() - t_start
                 metrics.update(self._rollout_metrics(batch, pool, instrumenter))
                 self.metrics.write(self.loop.step, self.loop.wall_s, metrics)
@@ -249,7 +267,10 @@ class _Trainer:
                     bar.set_postfix(postfix, refresh=False)
         finally:
             bar.close()
-            await pool.stop()
+            # The episodes still running will not be trained: logged with their Δt censored
+            # at the elapsed time (the arrival bias counts them).
+            for c in await pool.stop():
+                self.explog.append({**c, "cancelled": True, "selected": False})
             for svc in (policy, frozen):
                 if svc is not None:
                     await svc.stop()
@@ -269,15 +290,22 @@ class _Trainer:
 
     def _accept(self, f: Any) -> Experience | None:
         """Log a finished episode; keep it for training unless it failed or is too stale."""
+        run = self.config.run
         if f.error is not None or f.result is None:
             self.explog.append({"episode_id": f.episode_id, "kind": f.request.get("kind"),
                                 "error": f.error, "started_at": f.started_at,
-                                "finished_at": f.finished_at, "selected": False})
-            log.warning("episode %d failed: %s", f.episode_id, f.error)
+                                "finished_at": f.finished_at,
+                                "elapsed_s": f.finished_at - f.started_at, "selected": False})
+            log.warning("episode %d failed after %.1f s: %s", f.episode_id,
+                        f.finished_at - f.started_at, f.error)
+            self.loop.episodes_failed += 1
+            self._settled += 1
             return None
         exp: Experience = f.result
         staleness = self.loop.version - exp.params_version
-        keep = staleness <= self.config.run.max_staleness
+        stale = staleness > run.max_staleness
+        keep = not stale or run.admission == "bounded"
+        self.loop.episodes_over_staleness += int(stale and keep)
         self.explog.append(exp.log_record({"staleness": staleness, "selected": keep,
                                            "wall_s": self.loop.wall_s}))
         rec = exp.record
@@ -288,6 +316,9 @@ class _Trainer:
                 self.loop.best_episode = exp.episode_id
         if not keep:
             self.loop.episodes_dropped += 1
+            self._settled += 1
+            log.info("episode %d dropped: %d versions old, Δt %.1f s", exp.episode_id,
+                     staleness, exp.duration_s)
             return None
         return exp
 
@@ -348,6 +379,11 @@ class _Trainer:
             "episodes/staleness_mean": float(np.mean([self.loop.version - 1 - e.params_version
                                                       for e in batch])),
             "episodes/dropped": float(self.loop.episodes_dropped),
+            "episodes/started": float(self.loop.episodes_started),
+            "episodes/trained": float(self.loop.episodes_trained),
+            "episodes/failed": float(self.loop.episodes_failed),
+            "episodes/over_staleness": float(self.loop.episodes_over_staleness),
+            "episodes/in_flight": float(pool.in_flight),
             "buffer/size": float(len(self.buffer)),
         }
         if self.loop.best_score is not None:
@@ -357,6 +393,7 @@ class _Trainer:
         stats = pool.stats()
         out["slots/utilisation"] = stats.utilisation
         out["slots/sync_utilisation"] = stats.sync_utilisation
+        out["slots/admission_idle_frac"] = stats.admission_idle_frac
         inst = instrumenter.metrics()
         out.update(inst)
         if "instrument/lm_accept_rate" in inst:

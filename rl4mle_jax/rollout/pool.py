@@ -5,6 +5,11 @@ coroutine function `run_episode(request) -> result`. What matters for the paper'
 that fast episodes really do come back first and more often; the queue preserves that order and
 the pool measures how busy its slots were, beside what a synchronous loop (start K, wait for
 the slowest, repeat) would have achieved on the same durations.
+
+Admission control: with an `admit` callback, a free slot starts its next episode only when
+`admit()` says so (the loop's staleness bound); otherwise the slot waits, idle, until `wake()`
+(called after the learner consumed a batch). Waiting slots, never discarded episodes, are how
+the bound is kept; the idle time is counted.
 """
 
 from __future__ import annotations
@@ -40,6 +45,11 @@ class SlotStats:
     duration_s: float  # the finished episodes' duration_s, summed: the slots' busy time
     episodes: int
     sync_wall_s: float  # wall-clock a start-K-wait-for-slowest loop needs for the same episodes
+    admission_idle_s: float = 0.0  # slot-seconds spent waiting for admission
+
+    @property
+    def admission_idle_frac(self) -> float:
+        return self.admission_idle_s / max(self.num_slots * self.wall_s, 1e-9)
 
     @property
     def utilisation(self) -> float:
@@ -58,6 +68,8 @@ class SlotStats:
             "utilisation": self.utilisation,
             "sync_wall_s": self.sync_wall_s,
             "sync_utilisation": self.sync_utilisation,
+            "admission_idle_s": self.admission_idle_s,
+            "admission_idle_frac": self.admission_idle_frac,
         }
 
 
@@ -76,6 +88,7 @@ class RolloutPool:
       make_request: called (synchronously) each time a slot frees up, with the episode id; it
         may read the latest policy version, so requests reflect the current policy.
       num_slots: K, the number of concurrent episodes.
+      admit: called before each start; False leaves the slot idle until `wake()`.
     """
 
     def __init__(
@@ -84,6 +97,7 @@ class RolloutPool:
         make_request: Callable[[int], Any],
         num_slots: int,
         first_episode_id: int = 0,
+        admit: Callable[[], bool] | None = None,
     ):
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
@@ -97,6 +111,11 @@ class RolloutPool:
         self._t0: float | None = None
         self._duration_s = 0.0  # summed Finished.duration_s
         self._durations: dict[int, float] = {}  # episode id -> seconds
+        self._admit = admit
+        self._idle: dict[int, float] = {}  # slot -> time it started waiting for admission
+        self._idle_s = 0.0  # slot-seconds spent waiting for admission
+        self._running: dict[int, tuple[float, Any]] = {}  # episode id -> (started_at, request)
+        self.started = 0  # episodes started
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -105,22 +124,47 @@ class RolloutPool:
         for slot in range(self.num_slots):
             self._launch(slot)
 
-    async def stop(self) -> None:
-        """Stop refilling slots and cancel the episodes still in flight."""
+    async def stop(self) -> list[dict[str, Any]]:
+        """Stop refilling slots and cancel the episodes still in flight; returns those
+        (episode id, request kind, started_at, elapsed_s: their Δt is censored there)."""
         self._stopping = True
+        now = time.time()
+        cancelled = [{"episode_id": eid, "kind": _kind(req), "started_at": t0,
+                      "elapsed_s": now - t0} for eid, (t0, req) in sorted(self._running.items())]
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        self._idle_s += sum(now - t for t in self._idle.values())
+        self._idle.clear()
+        return cancelled
+
+    def wake(self) -> None:
+        """Start an episode in each slot waiting for admission, while `admit()` allows."""
+        now = time.time()
+        for slot in sorted(self._idle):
+            if self._stopping or (self._admit is not None and not self._admit()):
+                break
+            self._idle_s += now - self._idle.pop(slot)
+            self._launch(slot)
 
     def _launch(self, slot: int) -> None:
         if self._stopping:
             return
+        if self._admit is not None and not self._admit():
+            self._idle[slot] = time.time()  # waits for wake()
+            return
         episode_id = next(self._ids)
         request = self._make_request(episode_id)
+        self.started += 1
+        self._running[episode_id] = (time.time(), request)
         task = asyncio.create_task(self._run(slot, episode_id, request))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
 
     async def _run(self, slot: int, episode_id: int, request: Any) -> None:
         started = time.time()
@@ -132,6 +176,7 @@ class RolloutPool:
         except Exception as e:  # an episode failing must never stop the run
             error = f"{type(e).__name__}: {e}"
         finished = time.time()
+        self._running.pop(episode_id, None)
         duration_s = _duration_seconds(result, finished - started)
         self._duration_s += duration_s
         self._durations[episode_id] = finished - started
@@ -154,8 +199,10 @@ class RolloutPool:
         return out
 
     def stats(self) -> SlotStats:
-        wall = 0.0 if self._t0 is None else time.time() - self._t0
+        now = time.time()
+        wall = 0.0 if self._t0 is None else now - self._t0
         return SlotStats(
+            admission_idle_s=self._idle_s + sum(now - t for t in self._idle.values()),
             num_slots=self.num_slots,
             wall_s=wall,
             duration_s=self._duration_s,
@@ -164,6 +211,10 @@ class RolloutPool:
             sync_wall_s=sync_wall_time([d for _, d in sorted(self._durations.items())],
                                        self.num_slots) if self._durations else 0.0,
         )
+
+
+def _kind(request: Any) -> Any:
+    return request.get("kind") if isinstance(request, dict) else None
 
 
 def _duration_seconds(result: Any, default: float) -> float:

@@ -60,6 +60,52 @@ def test_episode_errors_are_recorded_and_the_pool_goes_on():
                                         "RuntimeError: sandbox crashed on 3"]
 
 
+def test_admission_control_holds_slots_until_woken():
+    """With a bound of 3 started-but-unconsumed episodes, 4 slots start only 3; each consumed
+    episode (wake) lets exactly one more start; nothing is discarded and idle time counts."""
+    consumed = {"n": 0}
+
+    async def run_episode(request):
+        await asyncio.sleep(0.02)
+        return {"duration_s": 0.02}
+
+    async def main():
+        pool = RolloutPool(run_episode, lambda i: {"id": i}, num_slots=4,
+                           admit=lambda: pool.started - consumed["n"] < 3)
+        pool.start()
+        assert pool.started == 3 and pool.in_flight == 3
+        first = await pool.get_batch(3, timeout_s=5)
+        assert pool.started == 3  # finished but not consumed: still counted against the bound
+        assert await pool.get_batch(1, timeout_s=0.2) == []
+        consumed["n"] += 2
+        pool.wake()
+        assert pool.started == 5
+        more = await pool.get_batch(2, timeout_s=5)
+        cancelled = await pool.stop()
+        return first, more, cancelled, pool.stats()
+
+    first, more, cancelled, stats = asyncio.run(main())
+    assert [f.episode_id for f in first + more] == [0, 1, 2, 3, 4]
+    assert cancelled == []  # everything started finished
+    assert stats.admission_idle_s > 0.2 and 0 < stats.admission_idle_frac < 1
+
+
+def test_stop_reports_the_episodes_still_running():
+    async def run_episode(request):
+        await asyncio.sleep(10 if request["id"] == 0 else 0.01)
+        return {}
+
+    async def main():
+        pool = RolloutPool(run_episode, lambda i: {"id": i, "kind": "solve"}, num_slots=2)
+        pool.start()
+        await pool.get_batch(3, timeout_s=5)
+        return await pool.stop()
+
+    slow, fast = asyncio.run(main())  # the slow one, and the fast slot's next episode
+    assert slow["episode_id"] == 0 and slow["kind"] == "solve" and 0 < slow["elapsed_s"] < 10
+    assert fast["episode_id"] == 4 and fast["elapsed_s"] < slow["elapsed_s"]
+
+
 def test_bad_slot_count():
     with pytest.raises(ValueError, match="num_slots"):
         RolloutPool(lambda r: r, lambda i: i, num_slots=0)
