@@ -339,6 +339,7 @@ class _Trainer:
             out = learner.compute_logprobs_and_values(
                 self.state.policy_params, self.state.critic_params, tokens, mask)
             arrays["values_old"] = out["values"]
+            arrays["prox_logprobs"] = out["logprobs"]  # the proximal policy (learner.off_policy)
             resp = arrays["response_mask"] * fresh[:, None]
             behaviour_gap = float((np.abs(np.asarray(out["logprobs"]) - arrays["old_logprobs"])
                                    * resp).max())

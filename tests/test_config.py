@@ -52,6 +52,8 @@ CHOICES = {
     ("learner", "entropy_schedule"): lc.ENTROPY_SCHEDULES,
     ("learner", "lr_schedule"): lc.LR_SCHEDULES,
     ("learner", "duration_weighting"): lc.DURATION_MODES,
+    ("learner", "off_policy"): lc.OFF_POLICY_MODES,
+    ("run", "admission"): run_config.ADMISSION_MODES,
     ("model", "dtype"): ("float32", "bfloat16"),
     ("warmstart.settings", "sandbox_backend"): ("auto", "bwrap", "subprocess"),
 }

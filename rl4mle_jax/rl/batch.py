@@ -10,6 +10,9 @@ values_old is optional when the step makes one update from one forward over the 
 values, so the step takes them from it (under stop_gradient) instead of from a separate pass.
 fresh (optional, 1 for rows sampled with the params being trained) selects the rows of the
 behaviour log-prob gap metric; without it every row counts.
+prox_logprobs [B, T] (optional, several updates per step only): the learner's log-probs at the
+step's starting params (`rl.off_policy`'s π_prox, e.g. from the values_old pass); without them
+a step with an off-policy correction computes them with one more forward.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from rl4mle_jax.rl.learner_config import LearnerConfig
 
 Batch = dict[str, Any]
 BT_KEYS = ("tokens", "attention_mask", "response_mask", "old_logprobs", "ref_logprobs",
-           "values_old")
+           "values_old", "prox_logprobs")
 B_KEYS = ("rewards", "dt_s", "group_ids", "fresh")
 _INT_KEYS = ("tokens", "group_ids")
 
@@ -86,7 +89,8 @@ def prepare_batch(batch: Batch, config: LearnerConfig, batch_divisor: int = 1,
             raise ValueError(f"batch size {b} is not a multiple of group_size {g}")
         batch["group_ids"] = np.arange(b, dtype=np.int32) // g
     keys = required_batch_keys(config)
-    optional = (["values_old"] if config.uses_critic else []) + ["fresh"]
+    optional = ((["values_old"] if config.uses_critic else []) + ["fresh"]
+                + ([] if single_pass(config) else ["prox_logprobs"]))
     keys = keys + tuple(k for k in optional if k in batch and k not in keys)
     missing = [k for k in keys if k not in batch]
     if missing:

@@ -15,6 +15,13 @@ forward gives the learner's log-probs at the current params, hence the metric
 `behaviour_logp_gap_max` (max |learner − sampler log-prob| over the response tokens of the
 rows marked `fresh`).
 
+Off-policy correction (`LearnerConfig.off_policy`, formulas in `rl.off_policy`): "none" takes
+the PPO ratio against the sampler's old_logprobs; "decoupled" and "tis" take it against the
+proximal log-probs (the learner's at the step's starting params: the single-pass forward under
+stop_gradient, else batch["prox_logprobs"] or one forward before the first update) and multiply
+each token's surrogate by the behaviour weight π_prox/π_behav (capped). Whenever the proximal
+log-probs are at hand the step reports behaviour_weight_{mean,max,clipped_frac}.
+
 Batch (see the contract in the helpers' brief): tokens, attention_mask, response_mask,
 old_logprobs [B, T] (position t: log p(tokens[t] | tokens[<t]), at the sampling temperature),
 rewards [B] (one score per episode), dt_s [B] (Δt, s), values_old [B, T] (critic), and
@@ -35,7 +42,7 @@ from rl4mle_jax import models
 from rl4mle_jax import sharding as shd
 from rl4mle_jax.rl import advantages as adv_lib
 from rl4mle_jax.rl import critic as critic_lib
-from rl4mle_jax.rl import duration, ppo
+from rl4mle_jax.rl import duration, off_policy, ppo
 from rl4mle_jax.rl.batch import Batch, prepare_batch, required_batch_keys, single_pass
 from rl4mle_jax.rl.learner_config import LearnerConfig
 from rl4mle_jax.rl.state import (
@@ -48,7 +55,7 @@ from rl4mle_jax.rl.state import (
 
 # How per-micro-batch metrics combine into one number (default: token-weighted mean).
 _SUMMED = ("loss", "pg_loss", "vf_loss", "actor_loss", "kl_loss", "entropy")  # already /full count
-_MAXED = ("ratio_max", "behaviour_logp_gap_max")
+_MAXED = ("ratio_max", "behaviour_logp_gap_max", "behaviour_weight_max")
 _MINNED = ("ratio_min",)
 
 
@@ -242,11 +249,23 @@ class Learner:
             gap = jnp.abs(jax.lax.stop_gradient(logp) - x["old_logprobs"])
             step_metrics["behaviour_logp_gap_max"] = jnp.max(gap * x["mask"]
                                                              * x["fresh"][:, None])
+        # π_prox: fixed before the first of several updates, or (single pass, marked by
+        # "fresh") this forward, which runs at the step's starting params.
+        prox = x.get("prox_logprobs")
+        if prox is None and "fresh" in x:
+            prox = jax.lax.stop_gradient(logp)
+        ratio_against, token_weights = x["old_logprobs"], None
+        if prox is not None:
+            w_bt, w_metrics = off_policy.behaviour_weights(
+                prox, x["old_logprobs"], x["mask"], cfg.off_policy, cfg.off_policy_cap)
+            step_metrics.update(w_metrics)
+            if cfg.off_policy != "none":
+                ratio_against, token_weights = prox, w_bt
         if cfg.entropy_coef == 0 and cfg.entropy_coef_end == 0:
             entropy = jax.lax.stop_gradient(entropy)  # a metric only: skip its backward pass
         in_loss_kl = cfg.uses_ref and cfg.kl_mode == "loss"
         loss, metrics = ppo.actor_loss(
-            logp, x["old_logprobs"], x["advantages"], x["mask"],
+            logp, ratio_against, x["advantages"], x["mask"], token_weights_bt=token_weights,
             sample_weights_b=x["weights"], entropy_bt=entropy, entropy_coef=entropy_coef,
             ref_logprobs_bt=x["ref_logprobs"] if in_loss_kl else None, kl_coef=cfg.kl_coef,
             kl_kind=cfg.kl_estimator, agg_mode=cfg.agg_mode, normalizer=normalizer,
@@ -307,7 +326,10 @@ class Learner:
         rows = {"tokens": tokens, "attention_mask": batch["attention_mask"], "mask": mask,
                 "old_logprobs": old_logprobs, "weights": weights_b,
                 "rewards": batch["rewards"].astype(jnp.float32)}
-        for k in ("ref_logprobs", "values_old", "group_ids"):
+        if not one_pass and cfg.off_policy != "none" and "prox_logprobs" not in batch:
+            rows["prox_logprobs"] = jax.lax.stop_gradient(self._logprobs_impl(
+                state.policy_params, tokens, batch["attention_mask"]))
+        for k in ("ref_logprobs", "values_old", "group_ids", "prox_logprobs"):
             if k in batch:
                 rows[k] = batch[k] if k == "group_ids" else batch[k].astype(jnp.float32)
         if kl_ref is not None:

@@ -17,6 +17,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")  # rl.ppo.kl_penalty
 ENTROPY_SCHEDULES = ("constant", "linear", "cosine")  # rl.ppo.entropy_coef_schedule
 LR_SCHEDULES = ("constant", "cosine")  # rl.state.make_schedule
 DURATION_MODES = ("off", "batch_mean", "log1p")  # rl.duration; "batch-mean" is accepted too
+OFF_POLICY_MODES = ("none", "decoupled", "tis")  # rl.off_policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,12 @@ class LearnerConfig:
     whiten_advantages: bool | None = None  # None: the estimator's default (gae yes, groups no)
     duration_weighting: str = "batch_mean"  # "off" | "batch_mean" | "log1p"
     duration_max_weight: float | None = None  # cap on a normalised Δt weight (None: the paper's)
+    # Off-policy correction for stale samples (rl.off_policy): "none" (PPO's ratio against the
+    # sampler's log-probs), "decoupled" (Hilton et al. 2021, as in AReaL) or "tis" (truncated
+    # importance sampling). The cap C on the behaviour weight π_prox/π_behav: decoupled leaves
+    # out tokens whose weight exceeds it (None: keeps all), tis truncates the weight at it.
+    off_policy: str = "none"
+    off_policy_cap: float | None = 2.0
     # Model side.
     critic: str = "separate"  # "separate" | "shared" | "none"
     temperature: float = 1.0  # sampling temperature the behaviour log-probs were taken at
@@ -82,6 +89,14 @@ class LearnerConfig:
         check("kl_estimator", KL_ESTIMATORS)
         check("entropy_schedule", ENTROPY_SCHEDULES)
         check("lr_schedule", LR_SCHEDULES)
+        check("off_policy", OFF_POLICY_MODES)
+        if self.off_policy_cap is not None and not self.off_policy_cap >= 1:
+            raise ValueError(f"LearnerConfig.off_policy_cap must be None or >= 1 (a fresh token's "
+                             f"behaviour weight is 1), got {self.off_policy_cap}")
+        if self.off_policy == "tis" and self.off_policy_cap is None:
+            raise ValueError("LearnerConfig.off_policy='tis' truncates the behaviour weight at "
+                             "off_policy_cap; set it (e.g. 2.0), or use off_policy='decoupled' "
+                             "for an uncapped weight")
         if self.duration_weighting.replace("-", "_") not in DURATION_MODES:
             raise ValueError(f"LearnerConfig.duration_weighting={self.duration_weighting!r} is "
                              f"not one of {DURATION_MODES}")

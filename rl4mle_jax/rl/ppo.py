@@ -108,18 +108,22 @@ def policy_loss(
     sample_weights_b: jax.Array | None = None,
     normalizer: jax.Array | float | None = None,
     log_ratio_clip: float = 20.0,
+    token_weights_bt: jax.Array | None = None,
 ) -> tuple[jax.Array, Metrics]:
-    """Clipped PPO surrogate, ratio against the behaviour log-probs recorded at sampling time.
+    """Clipped PPO surrogate, ratio against `old_logprobs_bt` (the behaviour log-probs recorded
+    at sampling time, or the proximal ones under an off-policy correction).
 
     PPO's L^CLIP (Schulman et al. 2017, eq. 7), with asymmetric clipping (clip_eps_high) and
     the dual clip for negative advantages (Ye et al. 2020); the paper trains with PPO, ε = 0.2.
 
     ℓ_t = max(−A·r, −A·clip(r, 1−ε, 1+ε_high)) with r = exp(clip(logp − old, ±log_ratio_clip));
     with dual clip (c > 1, e.g. 3) tokens with A < 0 use min(ℓ_t, −A·c) so a huge ratio on a bad
-    token cannot blow the loss up. `sample_weights_b` (DAG weights) act as in `aggregate`.
+    token cannot blow the loss up. `sample_weights_b` (DAG weights) act as in `aggregate`;
+    `token_weights_bt` (the behaviour weights of `rl.off_policy`, no gradient) multiply ℓ_t.
     """
     _check_bt("logprobs_bt", logprobs_bt, old_logprobs_bt=old_logprobs_bt,
-              advantages_bt=advantages_bt, response_mask_bt=response_mask_bt)
+              advantages_bt=advantages_bt, response_mask_bt=response_mask_bt,
+              token_weights_bt=token_weights_bt)
     if dual_clip_c is not None and dual_clip_c <= 1.0:
         raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
@@ -138,6 +142,8 @@ def policy_loss(
         metrics["pg_clipfrac_lower"] = masked_mean(
             ((pg > pg_dual) & (adv < 0)).astype(jnp.float32), mask)
         pg = jnp.where(adv < 0, pg_dual, pg)
+    if token_weights_bt is not None:
+        pg = pg * jax.lax.stop_gradient(token_weights_bt.astype(jnp.float32))
     loss = aggregate(pg, mask, agg_mode, sample_weights_b, normalizer)
     has_tokens = jnp.sum(mask) > 0
     metrics.update({
@@ -291,16 +297,19 @@ def actor_loss(
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
     dual_clip_c: float | None = None,
+    token_weights_bt: jax.Array | None = None,
 ) -> tuple[jax.Array, Metrics]:
     """pg_loss(w) − entropy_coef·entropy + kl_coef·KL(π || π_ref): the policy's whole loss.
 
     `entropy_coef` is the schedule's value at the current step (`entropy_coef_schedule(...)(step)`).
     The KL term is added only when `ref_logprobs_bt` is given and kl_coef > 0.
+    `token_weights_bt` (off-policy behaviour weights) multiply the policy-gradient term only.
     """
     loss, metrics = policy_loss(
         logprobs_bt, old_logprobs_bt, advantages_bt, response_mask_bt,
         clip_eps=clip_eps, clip_eps_high=clip_eps_high, dual_clip_c=dual_clip_c,
-        agg_mode=agg_mode, sample_weights_b=sample_weights_b, normalizer=normalizer)
+        agg_mode=agg_mode, sample_weights_b=sample_weights_b, normalizer=normalizer,
+        token_weights_bt=token_weights_bt)
     if entropy_bt is not None:
         ent, ent_metrics = entropy_bonus(entropy_bt, response_mask_bt, agg_mode=agg_mode,
                                          normalizer=normalizer)
