@@ -124,6 +124,29 @@ def learning_lines(workdir: Path, refs: dict[str, Any], direction: str) -> list[
     return lines
 
 
+def arrival_lines(workdir: Path) -> list[str]:
+    """The arrival bias of the run (study.arrival_bias): does DAG's premise hold here?"""
+    bias = study.arrival_bias(study.load_run(workdir))
+    lines = ["## Arrival bias", ""]
+    if not bias["started"]:
+        return lines + ["No episode finished."]
+    if study.plot_arrival_bias(bias, workdir / "plots" / "arrival_bias.png"):
+        lines += ["![arrival bias](plots/arrival_bias.png)", ""]
+    slope = bias["slope"]
+    verdict = ("not enough Δt buckets to tell" if slope is None else
+               "close to DAG's premise (inclusion ∝ 1/Δt, slope -1): batch_mean weights fit"
+               if slope < -0.5 else
+               "far from DAG's premise (slope -1): few episodes are lost, so batch_mean weights "
+               "over-correct (see run.admission, learner.duration_weighting)")
+    ratio = ", ".join(f"{b['lo']:g}-{b['hi']:g} s: {b['trained']}/{b['started']}"
+                      for b in bias["buckets"] if b["started"])
+    lines.append(f"{bias['trained']} of {bias['started']} started episodes were trained "
+                 f"({bias['cancelled']} still running at the end, Δt censored). Trained / "
+                 f"started per Δt bucket: {ratio}. Slope of log(trained/started) against "
+                 f"log Δt: {'n/a' if slope is None else f'{slope:+.2f}'}, {verdict}.")
+    return lines
+
+
 def write_report(workdir: Path, config: Any, comps: Any, initial: dict, final: dict,
                  summary: dict, best: dict | None) -> Path:
     """report.md: initial vs final best-of-N on both splits, against the reference scores."""
@@ -152,6 +175,7 @@ def write_report(workdir: Path, config: Any, comps: Any, initial: dict, final: d
                      f"{_fmt(b['pick_test_score'])} | "
                      f"{_fmt(b['paper_protocol_best_test_score'])} |")
     lines += ["", *learning_lines(workdir, refs, task.direction)]
+    lines += ["", *arrival_lines(workdir)]
     lines += ["", "## Reference scores", ""]
     keys = sorted({k for v in refs.values() if isinstance(v, dict) for k in v})
     if keys:

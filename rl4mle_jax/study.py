@@ -293,6 +293,83 @@ def run_command(script: str, argv: list[str], drop: tuple[str, ...] = ()) -> str
     return " ".join(["python", script, *(a for a in argv if not a.startswith(drop))])
 
 
+# ---------------------------------------------------------------- arrival bias
+def arrival_bias(run: Run) -> dict[str, Any]:
+    """Δt of the started vs the trained episodes of one run, per Δt bucket (powers of two
+    seconds), and the slope of log(trained / started) against log Δt.
+
+    Started = finished (Δt = the logged `duration_s`) + still running at the end (`cancelled`,
+    Δt censored at `elapsed_s`: they count in the bucket they had reached, a lower bound).
+    Trained = finished and selected. DAG's premise (inclusion ∝ 1/Δt, the paper's arrival
+    process) is a slope of -1, where `batch_mean` weights are exact; nothing lost is a slope of
+    0, where they over-correct.
+    """
+    started, trained = [], []
+    for e in run.episodes:
+        if e.get("cancelled"):
+            started.append(float(e.get("elapsed_s", 0.0)))
+        elif "duration_s" in e:
+            started.append(float(e["duration_s"]))
+            if e.get("selected"):
+                trained.append(float(e["duration_s"]))
+    if not started:
+        return {"buckets": [], "slope": None, "started": 0, "trained": 0}
+    lo = math.floor(math.log2(max(min(started), 1e-3)))
+    hi = max(math.ceil(math.log2(max(max(started), 1e-3))), lo + 1)
+    edges = [2.0 ** k for k in range(lo, hi + 1)]
+    edges[0], edges[-1] = 0.0, float("inf")
+    s_counts = np.histogram(started, edges)[0]
+    t_counts = np.histogram(trained, edges)[0] if trained else np.zeros_like(s_counts)
+    buckets = [{"lo": 2.0 ** (lo + i), "hi": 2.0 ** (lo + i + 1), "started": int(s),
+                "trained": int(t), "ratio": (t / s) if s else None}
+               for i, (s, t) in enumerate(zip(s_counts, t_counts))]
+    use = [b for b in buckets if b["started"] >= 3 and b["trained"] > 0]
+    slope = None
+    if len(use) >= 2:
+        x = np.log([math.sqrt(b["lo"] * b["hi"]) for b in use])
+        y = np.log([b["ratio"] for b in use])
+        w = np.asarray([b["started"] for b in use], float)
+        xm, ym = np.average(x, weights=w), np.average(y, weights=w)
+        var = np.average((x - xm) ** 2, weights=w)
+        slope = float(np.average((x - xm) * (y - ym), weights=w) / var) if var > 0 else None
+    return {"buckets": buckets, "slope": slope, "started": len(started),
+            "trained": len(trained),
+            "cancelled": sum(1 for e in run.episodes if e.get("cancelled"))}
+
+
+def plot_arrival_bias(bias: dict[str, Any], out: Path) -> bool:
+    """plots/arrival_bias.png: started vs trained episodes per Δt bucket, and their ratio."""
+    if not bias["buckets"]:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    b = bias["buckets"]
+    labels = [f"{x['lo']:g}-{x['hi']:g}" for x in b]
+    idx = np.arange(len(b))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.2))
+    ax1.bar(idx - 0.2, [x["started"] for x in b], 0.4, label="started")
+    ax1.bar(idx + 0.2, [x["trained"] for x in b], 0.4, label="trained")
+    ax1.set_xticks(idx, labels, rotation=45, fontsize=7)
+    ax1.set_xlabel("Δt bucket (s)")
+    ax1.set_ylabel("episodes")
+    ax1.legend()
+    ax2.plot(idx, [x["ratio"] if x["ratio"] is not None else np.nan for x in b], "o-")
+    ax2.set_xticks(idx, labels, rotation=45, fontsize=7)
+    ax2.set_ylim(0, 1.05)
+    ax2.set_xlabel("Δt bucket (s)")
+    ax2.set_ylabel("trained / started")
+    slope = bias["slope"]
+    ax2.set_title("slope of log ratio vs log Δt: "
+                  + ("n/a" if slope is None else f"{slope:+.2f}") + " (premise: -1)", fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return True
+
+
 def run_commits(study: dict[str, list[Run]]) -> set[str]:
     """The commits the study's runs started from (their provenance.json)."""
     out = set()

@@ -38,6 +38,7 @@ def test_report_learning_section_and_references(tmp_path, refs):
     assert "| batch mean reward: first vs last quarter of 8 steps | -8.0000 | 0.8500 | +8.850 |" \
         in text, text
     assert "| best-of-32 valid rate (same draws) | 0.5000 | 0.8750 | +0.375 |" in text
+    assert "## Arrival bias" in text and "No episode finished." in text  # no experience log
     assert "| 0.4000 | 0.3000 | +0.1000 |" in text  # lower is better: the pick improved
     if refs:
         assert "+0.1200 over baseline (0.4200), -0.0500 over strong (0.2500)" in text

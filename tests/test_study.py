@@ -103,3 +103,34 @@ def test_results_page_and_run_command(study_dir):
     assert "## Learning checks\n\n| variant |" in page
     assert st.run_command("e.py", ["--config=c", "--only_tables", "--variants=a,b"],
                           drop=("--only_tables", "--variants")) == "python e.py --config=c"
+
+
+def test_arrival_bias_counts_buckets_and_slope(tmp_path):
+    """Started = finished + still running (censored); the slope of log(trained/started) vs
+    log Δt is -1 when inclusion ∝ 1/Δt and 0 when nothing is lost."""
+    def run_with(kept):  # kept(dt, i) -> selected
+        eps = []
+        for i, dt in enumerate([1.5] * 8 + [3.0] * 8 + [6.0] * 8 + [12.0] * 8):
+            eps.append({"episode_id": i, "duration_s": dt, "selected": kept(dt, i)})
+        eps.append({"episode_id": 99, "cancelled": True, "elapsed_s": 5.0, "selected": False})
+        return st.Run("v", 0, tmp_path, episodes=eps)
+
+    everything = st.arrival_bias(run_with(lambda dt, i: True))
+    assert everything["started"] == 33 and everything["trained"] == 32
+    assert everything["cancelled"] == 1
+    by_lo = {b["lo"]: b for b in everything["buckets"]}
+    assert by_lo[1.0]["started"] == 8 and by_lo[4.0]["started"] == 9  # 8 of 6 s + the censored
+    assert by_lo[4.0]["trained"] == 8
+    # Nothing lost but the censored one: slope ~0 (numpy reference on the same buckets).
+    use = [b for b in everything["buckets"] if b["started"] >= 3 and b["trained"]]
+    x = np.log([np.sqrt(b["lo"] * b["hi"]) for b in use])
+    y = np.log([b["trained"] / b["started"] for b in use])
+    w = np.array([b["started"] for b in use], float)
+    ref = np.polyfit(x, y, 1, w=np.sqrt(w))[0]
+    assert everything["slope"] == pytest.approx(ref, abs=1e-9)
+    assert abs(everything["slope"]) < 0.1
+    # Inclusion ∝ 1/Δt (keep 8, 4, 2, 1 of 8 per bucket): slope -1.
+    keep = {1.5: 8, 3.0: 4, 6.0: 2, 12.0: 1}
+    premise = st.arrival_bias(run_with(lambda dt, i: i % 8 < keep[dt]))
+    assert premise["slope"] == pytest.approx(-1.0, abs=0.1)
+    assert st.plot_arrival_bias(premise, tmp_path / "arrival.png")
