@@ -37,10 +37,11 @@ from rl4mle_jax.components import Components, build_components
 from rl4mle_jax.env.instrument_lm import Instrumenter
 from rl4mle_jax.env.instrument_static import MILESTONES
 from rl4mle_jax.report import brief_eval, write_best_solution, write_report
+from rl4mle_jax.rl.arrival import ArrivalModel
 from rl4mle_jax.rl.batch import old_values_in_step
 from rl4mle_jax.rl.learner import make_learner
 from rl4mle_jax.rollout.buffer import ExperienceLog, SolutionBuffer
-from rl4mle_jax.rollout.collate import build_batch
+from rl4mle_jax.rollout.collate import build_batch, episode_durations
 from rl4mle_jax.rollout.episode import EpisodeRunner, Experience
 from rl4mle_jax.rollout.pool import RolloutPool
 from rl4mle_jax.rollout.service import GenerationService
@@ -154,6 +155,9 @@ class _Trainer:
         self.metrics = MetricLogger(workdir, resume_step=latest or 0)
         self.loop = LoopState()
         self.buffer = SolutionBuffer(run.buffer_size)
+        # Which Δt get trained, from the run's own starts, finishes and cancellations (the
+        # arrival bias in report.md; learner.duration_weighting="inverse_inclusion").
+        self.arrivals = ArrivalModel()
         self._step_shapes: set[tuple[int, int]] = set()  # batch shapes the step compiled for
         self.frozen = self.learner.shard_params(comps.params)  # never updated
         if latest is None:
@@ -163,6 +167,11 @@ class _Trainer:
             self.state, meta = self.ckpt.restore(self.learner.abstract_state(), latest)
             self.loop = LoopState(**meta["loop"])
             self.buffer = SolutionBuffer.from_state_dict(meta["buffer"])
+            if "arrivals" in meta:
+                self.arrivals = ArrivalModel.from_state_dict(meta["arrivals"])
+                # What was running when the checkpoint was written never finishes in this
+                # process: stopped by the run, so censored, not lost.
+                self.arrivals.stop_in_flight()
             log.info("resumed from step %d (policy version %d, %.0f s of RL done)",
                      self.loop.step, self.loop.version, self.loop.wall_s)
 
@@ -209,6 +218,7 @@ class _Trainer:
 
         def make_request(episode_id: int) -> dict[str, Any]:
             self.loop.episodes_started += 1
+            self.arrivals.started(episode_id, time.time())
             return runner.make_request(episode_id)
 
         pool = RolloutPool(runner, make_request, run.slots,
@@ -271,6 +281,7 @@ class _Trainer:
             # at the elapsed time (the arrival bias counts them).
             for c in await pool.stop():
                 self.explog.append({**c, "cancelled": True, "selected": False})
+                self.arrivals.cancelled(c["episode_id"], c["elapsed_s"], at_shutdown=True)
             for svc in (policy, frozen):
                 if svc is not None:
                     await svc.stop()
@@ -300,12 +311,16 @@ class _Trainer:
                         f.finished_at - f.started_at, f.error)
             self.loop.episodes_failed += 1
             self._settled += 1
+            self.arrivals.finished(f.episode_id, max(f.finished_at - f.started_at, 0.0),
+                                   trained=False)
             return None
         exp: Experience = f.result
         staleness = self.loop.version - exp.params_version
         stale = staleness > run.max_staleness
         keep = not stale or run.admission == "bounded"
         self.loop.episodes_over_staleness += int(stale and keep)
+        self.arrivals.finished(exp.episode_id, float(episode_durations(
+            [exp], run.duration_source, run.duration_floor_s)[0]), trained=keep)
         self.explog.append(exp.log_record({"staleness": staleness, "selected": keep,
                                            "wall_s": self.loop.wall_s}))
         rec = exp.record
@@ -345,6 +360,8 @@ class _Trainer:
                                    * resp).max())
         else:  # the train step's own forward gives the old values and the learner log-probs
             arrays["fresh"] = fresh
+        if learner.config.duration_weighting.replace("-", "_") == "inverse_inclusion":
+            arrays["inclusion"] = self.arrivals.inclusion(arrays["dt_s"])
         if learner.config.uses_ref:
             arrays["ref_logprobs"] = learner.compute_logprobs(self.frozen, tokens, mask)
         self.state, metrics = learner.train_step(self.state, arrays)
@@ -405,6 +422,7 @@ class _Trainer:
         if self.ckpt.latest_step() == self.loop.step:
             return  # this step is saved already
         meta = {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
+                "arrivals": self.arrivals.state_dict(),
                 "config": self.config.to_dict(), "policy_version": self.loop.version,
                 # lets `convert_hf_checkpoint.py --to_hf` export the policy without extra flags
                 "model_config": dataclasses.asdict(self.c.model_config)}

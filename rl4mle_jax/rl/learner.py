@@ -322,7 +322,8 @@ class Learner:
         if cfg.uses_ref:
             kl_ref = ppo.kl_penalty(old_logprobs, batch["ref_logprobs"], cfg.kl_estimator)
         weights_b = duration.duration_weights(batch["dt_s"], cfg.duration_weighting,
-                                              valid_b=valid_b, max_weight=cfg.duration_max_weight)
+                                              valid_b=valid_b, max_weight=cfg.duration_max_weight,
+                                              inclusion_b=batch.get("inclusion"))
         rows = {"tokens": tokens, "attention_mask": batch["attention_mask"], "mask": mask,
                 "old_logprobs": old_logprobs, "weights": weights_b,
                 "rewards": batch["rewards"].astype(jnp.float32)}

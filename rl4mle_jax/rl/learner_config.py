@@ -16,7 +16,7 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # rl.pp
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")  # rl.ppo.kl_penalty
 ENTROPY_SCHEDULES = ("constant", "linear", "cosine")  # rl.ppo.entropy_coef_schedule
 LR_SCHEDULES = ("constant", "cosine")  # rl.state.make_schedule
-DURATION_MODES = ("off", "batch_mean", "log1p")  # rl.duration; "batch-mean" is accepted too
+DURATION_MODES = ("off", "batch_mean", "log1p", "inverse_inclusion")  # rl.duration ("a-b" too)
 OFF_POLICY_MODES = ("none", "decoupled", "tis")  # rl.off_policy
 
 
@@ -64,7 +64,9 @@ class LearnerConfig:
     gamma: float = 1.0
     lam: float = 1.0
     whiten_advantages: bool | None = None  # None: the estimator's default (gae yes, groups no)
-    duration_weighting: str = "batch_mean"  # "off" | "batch_mean" | "log1p"
+    # "off" | "batch_mean" | "log1p" | "inverse_inclusion" (1/p̂ of the arrival model,
+    # rl.arrival; the batch carries "inclusion")
+    duration_weighting: str = "batch_mean"
     duration_max_weight: float | None = None  # cap on a normalised Δt weight (None: the paper's)
     # Off-policy correction for stale samples (rl.off_policy): "none" (PPO's ratio against the
     # sampler's log-probs), "decoupled" (Hilton et al. 2021, as in AReaL) or "tis" (truncated

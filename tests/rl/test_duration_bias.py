@@ -92,5 +92,33 @@ def test_table_names_every_action(toy):
     table = toy.format_table(rows)
     assert all(f"P({name})" in table for name in toy.ACTIONS)
     assert [r["mode"] for r in rows] == ["off", "batch_mean"]
+    assert "| ends on slow |" in toy.format_markdown(rows)
     with pytest.raises(ValueError, match="arrivals 'queue' is not one of"):
         toy.simulate(toy.ToyConfig(arrivals="queue"), seed=0)
+
+
+def test_the_toy_uses_the_loops_arrival_model(toy):
+    from rl4mle_jax.rl.arrival import ArrivalModel
+
+    assert toy.ArrivalModel is ArrivalModel and "inverse_inclusion" in toy.WEIGHT_MODES
+
+
+def test_admission_bounds_unsettled_episodes_and_loses_nothing(toy):
+    """Nothing is lost under admission control: p̂ = 1, so inverse_inclusion is vanilla."""
+    cfg = toy.ToyConfig(budget_s=300.0, arrivals="admission", max_staleness=0, num_actors=64)
+    off = toy.simulate(cfg, seed=0)
+    inv = toy.simulate(dataclasses.replace(cfg, dag_mode="inverse_inclusion"), seed=0)
+    assert off.max_unsettled == cfg.batch_size and off.dropped == 0
+    np.testing.assert_array_equal(off.final_inclusion, 1.0)
+    np.testing.assert_array_equal(inv.probs, off.probs)
+
+
+def test_drop_stale_loses_slow_episodes_and_inverse_inclusion_corrects_it(toy):
+    """The loop's old rule (drop finishers > 1 version old): vanilla collapses onto fast_valid;
+    weighting by 1/p̂ of the run's own arrival model ends on slow_valid."""
+    cfg = toy.ToyConfig(budget_s=900.0, arrivals="drop_stale", max_staleness=1)
+    runs = toy.run_all(cfg, seeds=[0, 1, 2], modes=["off", "inverse_inclusion"])
+    for off, inv in zip(runs["off"], runs["inverse_inclusion"]):
+        assert off.dropped > 0 and off.final_inclusion[2] < 0.5 < off.final_inclusion[1]
+        assert off.probs[-1].argmax() == 1 and inv.probs[-1].argmax() == 2, (off.probs[-1],
+                                                                             inv.probs[-1])

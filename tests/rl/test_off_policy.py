@@ -296,3 +296,25 @@ def test_off_policy_config_errors():
     uncapped = LearnerConfig(off_policy="decoupled", off_policy_cap=None)
     assert LearnerConfig.from_dict(uncapped.to_dict()) == uncapped
     assert LearnerConfig().off_policy == "none" and LearnerConfig().off_policy_cap == 2.0
+
+
+def test_inverse_inclusion_weights_reach_the_train_step(params):
+    """learner.duration_weighting='inverse_inclusion' with batch['inclusion'] from the loop's
+    ArrivalModel: constant inclusion is the unweighted step; inclusion ∝ 1/Δt is batch_mean."""
+    learner, state = _learner(SINGLE, params)
+    batch, _ = _batch_for(learner, state, stale=False)
+    dt = np.linspace(1.0, 20.0, len(batch["tokens"])).astype(np.float32)
+    batch["dt_s"] = dt
+
+    def step(config, extra):
+        lr, st0 = _learner(config, params)
+        b = {**batch, **extra}
+        return jax.device_get(lr.train_step(st0, b)[0])
+
+    off = step(SINGLE, {})
+    inv = dataclasses.replace(SINGLE, duration_weighting="inverse_inclusion")
+    _assert_close(step(inv, {"inclusion": np.full_like(dt, 0.4)}), off)
+    mean = step(dataclasses.replace(SINGLE, duration_weighting="batch_mean"), {})
+    _assert_close(step(inv, {"inclusion": (dt.min() / dt).astype(np.float32)}), mean)
+    with pytest.raises(KeyError, match="inclusion"):  # named before any work
+        step(inv, {})
