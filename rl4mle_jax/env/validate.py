@@ -367,7 +367,7 @@ def _dry_run(task: Task, rep: _Report, max_prompt_tokens, libraries, count_token
     answers and the sample submission on both splits, render the solve prompt, and (for the
     warm start) write demonstration programs."""
     from rl4mle_jax.env import prompts
-    from rl4mle_jax.env.grading import TaskError, grade_bytes
+    from rl4mle_jax.env.grading import TaskError, grade
     from rl4mle_jax.run_config import PromptLimits
 
     # Scratch next to the real reward view: the same file system, so public files hard-link.
@@ -386,10 +386,10 @@ def _dry_run(task: Task, rep: _Report, max_prompt_tokens, libraries, count_token
         rep.out.checked.append("reward split carved")
         for split in ("test", "reward"):
             try:
-                answers = scratch.answers_path(split).read_bytes()
-                right = grade_bytes(scratch, answers, split, source="answers")
+                # Host files (the task's own), graded as a user's CSV is: `grading.grade`.
+                right = grade(scratch, scratch.answers_path(split), split)
                 sample_p = scratch.sample_submission_path(split)
-                sample = (grade_bytes(scratch, sample_p.read_bytes(), split, source="sample")
+                sample = (grade(scratch, sample_p, split)
                           if sample_p is not None and sample_p.exists() else None)
             except (TaskError, OSError, ValueError) as e:
                 rep.error(f"{split} split", f"the grader cannot use this task: {e}")
