@@ -55,7 +55,8 @@ def test_main_job_on_a_task_directory_and_a_changed_task_rebuilds(tmp_path):
     assert [m["step"] for m in metrics] == [1]
     episodes = [json.loads(x) for x in
                 (tmp_path / "run1" / "experience.jsonl").read_text().splitlines()]
-    graded = [e["record"]["grade"] for e in episodes if e["record"].get("grade")]
+    graded = [e["record"]["grade"] for e in episodes
+              if not e.get("cancelled") and e["record"].get("grade")]
     assert all(g["task_id"] == "my-cancer" and g["metric"] == "auc" for g in graded)
     (built,) = [p for p in cache.iterdir() if p.name.startswith("warmstart-")]
     stats = json.loads((built / "stats.json").read_text())
