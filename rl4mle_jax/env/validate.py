@@ -24,12 +24,10 @@ import pandas as pd
 
 from rl4mle_jax.env.metrics import METRICS
 from rl4mle_jax.env.tasks import (
-    KNOWN_FIELDS,
     Task,
     TaskSpecError,
     _discover,
     spec_problems,
-    task_from_spec,
 )
 
 MIN_REWARD_ROWS = 10  # fewer held-out rows than this cannot rank programs (a warning)
@@ -453,9 +451,3 @@ def _check_prompt(task: Task, rep: _Report, budget: int, libraries, count) -> No
                  "shorten the description, or raise --config.prompt.max_prompt_tokens")
     rep.out.checked.append(f"solve prompt ~{prompt.n_tokens} of {budget} tokens")
 
-
-def known_fields() -> tuple[str, ...]:
-    return KNOWN_FIELDS
-
-
-__all__ = ["Problem", "Validation", "validate_task", "task_from_spec"]
