@@ -18,7 +18,6 @@ from rl4mle_jax import models, run_config, sharding
 from rl4mle_jax.env import prompts as prompts_lib
 from rl4mle_jax.env.reward import RewardConfig
 from rl4mle_jax.env.sandbox import Sandbox
-from rl4mle_jax.env.tasks import load_task
 from rl4mle_jax.env.validate import validate_task
 from rl4mle_jax.models.tokenizer import load_tokenizer
 from rl4mle_jax.rollout.episode import EpisodeConfig
@@ -137,7 +136,7 @@ def build_components(config: Any, workdir: Path) -> Components:
     for w in check.warnings:
         log.warning("task: %s", w)
     check.raise_for_errors()
-    task = load_task(str(config.task), data_root)  # a directory, a suite id or an MLE-bench id
+    task = check.task  # a directory, a suite id or an MLE-bench id, loaded once
     sandbox = Sandbox(**sections["env"].sandbox_kwargs(task.timeout_s))
     timeout_s = sandbox.limits.timeout_s
     # What the prompt lists as installed is probed inside the sandbox the programs run in.

@@ -56,6 +56,7 @@ class Validation:
     task_id: str | None = None
     problems: list[Problem] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)  # what was verified, in order
+    task: Task | None = field(default=None, repr=False)  # the loaded task, when it loaded
 
     @property
     def errors(self) -> list[Problem]:
@@ -142,13 +143,13 @@ def validate_task(path_or_id: str | Path, *, data_root: str | Path | None = None
         except TaskSpecError as e:
             rep.error(str(path_or_id), str(e))
             return out
-        out.task_id = task.id
+        out.task_id, out.task = task.id, task
         out.checked.append("loaded by id")
     else:
         task = _load_spec(p.resolve(), rep, data_root)
         if task is None:
             return out
-        out.task_id = task.id
+        out.task_id, out.task = task.id, task
         _check_contents(task, rep)
         if out.errors:
             return out
