@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from rl4mle_jax import study
 from rl4mle_jax.env.execute import run_and_grade
@@ -124,13 +127,57 @@ def learning_lines(workdir: Path, refs: dict[str, Any], direction: str) -> list[
     return lines
 
 
+def bucket_label(row: dict[str, Any]) -> str:
+    """'1.41-2.83' (seconds), '>= 11585' for the open last bucket."""
+    if not math.isfinite(row["hi_s"]):
+        return f">= {row['lo_s']:.3g}"
+    return f"{row['lo_s']:.3g}-{row['hi_s']:.3g}"
+
+
+def plot_arrival_bias(bias: dict[str, Any], out: Path) -> bool:
+    """plots/arrival_bias.png: started vs trained episodes per Δt bucket; their ratio beside
+    p̂, the smoothed inclusion probability that inverse_inclusion weights divide by."""
+    if not bias["buckets"]:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    b = bias["buckets"]
+    labels = [bucket_label(x) for x in b]
+    idx = np.arange(len(b))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    ax1.bar(idx - 0.2, [x["started"] for x in b], 0.4, label="started")
+    ax1.bar(idx + 0.2, [x["trained"] for x in b], 0.4, label="trained")
+    ax1.set_ylabel("episodes")
+    ax1.legend(fontsize=8)
+    ax2.plot(idx, [x["rate"] for x in b], "o", label="trained / started")
+    ax2.plot(idx, [x["inclusion"] for x in b], "s--", label="p̂ (smoothed)", alpha=0.8)
+    ax2.set_ylim(0, 1.05)
+    ax2.set_ylabel("inclusion probability")
+    ax2.legend(fontsize=8, loc="lower left")
+    slope = bias["slope"]
+    ax2.set_title("slope of log ratio vs log Δt: "
+                  + ("n/a" if slope is None else f"{slope:+.2f}") + " (premise: -1)", fontsize=9)
+    for ax in (ax1, ax2):
+        ax.set_xticks(idx, labels, rotation=45, fontsize=7)
+        ax.set_xlabel(f"Δt bucket (s; run.duration_source={bias['duration_source']})",
+                      fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return True
+
+
 def arrival_lines(workdir: Path) -> list[str]:
-    """The arrival bias of the run (study.arrival_bias): does DAG's premise hold here?"""
+    """The arrival bias of the run (study.arrival_bias): does DAG's premise hold here, and
+    which p̂ would inverse_inclusion divide by?"""
     bias = study.arrival_bias(study.load_run(workdir))
     lines = ["## Arrival bias", ""]
-    if not bias["started"]:
+    if not bias["buckets"]:
         return lines + ["No episode finished."]
-    if study.plot_arrival_bias(bias, workdir / "plots" / "arrival_bias.png"):
+    if plot_arrival_bias(bias, workdir / "plots" / "arrival_bias.png"):
         lines += ["![arrival bias](plots/arrival_bias.png)", ""]
     slope = bias["slope"]
     verdict = ("not enough Δt buckets to tell" if slope is None else
@@ -138,12 +185,24 @@ def arrival_lines(workdir: Path) -> list[str]:
                if slope < -0.5 else
                "far from DAG's premise (slope -1): few episodes are lost, so batch_mean weights "
                "over-correct (see run.admission, learner.duration_weighting)")
-    ratio = ", ".join(f"{b['lo']:g}-{b['hi']:g} s: {b['trained']}/{b['started']}"
-                      for b in bias["buckets"] if b["started"])
-    lines.append(f"{bias['trained']} of {bias['started']} started episodes were trained "
-                 f"({bias['cancelled']} still running at the end, Δt censored). Trained / "
-                 f"started per Δt bucket: {ratio}. Slope of log(trained/started) against "
-                 f"log Δt: {'n/a' if slope is None else f'{slope:+.2f}'}, {verdict}.")
+    lines += [
+        f"{bias['started']} episodes started: {bias['trained']} trained, {bias['dropped']} "
+        f"dropped (stale or failed), {bias['censored']} still running at the end (censored, "
+        f"not lost). Δt: run.duration_source={bias['duration_source']}. Slope of "
+        f"log(trained/started) against log Δt: {'n/a' if slope is None else f'{slope:+.2f}'}, "
+        f"{verdict}. p̂: the smoothed P(trained | started, Δt) of `rl.arrival.ArrivalModel` "
+        "at the bucket's mean Δt: learner.duration_weighting=inverse_inclusion weights a "
+        "sample by 1/p̂ (over its batch mean).",
+        "",
+        "| Δt bucket (s) | mean Δt (s) | started | trained | dropped | still running | "
+        "trained / started | p̂ |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for b in bias["buckets"]:
+        seen = b["trained"] + b["dropped"] > 0  # else no Δt or ratio, p̂ is the pooled rate
+        at, rate = (f"{b['at_s']:.3g}", _fmt(b["rate"])) if seen else ("—", "—")
+        lines.append(f"| {bucket_label(b)} | {at} | {b['started']:.4g} | {b['trained']} | "
+                     f"{b['dropped']} | {b['censored']} | {rate} | {b['inclusion']:.4f} |")
     return lines
 
 

@@ -5,7 +5,9 @@ A study is a directory `<root>/<variant>/seed<k>/` of ordinary run workdirs (wha
 or interrupted run can be redrawn:
 
   metrics.jsonl      one row per learner step (reward/mean, wall_s, ...)
-  experience.jsonl   one row per finished episode (reward record, duration_s, selected, ...)
+  experience.jsonl   one row per started episode (reward record, duration_s, selected, ...;
+                     failed and still-running-at-the-end ones too)
+  config.json        the run's config
   eval_initial.json / eval_final.json   best-of-N before and after RL
 
 Figures follow the paper's: learning curves with across-seed bands (Fig. 7), the mean Δt of the
@@ -21,11 +23,14 @@ import math
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from rl4mle_jax.env.metrics import oriented_score
+from rl4mle_jax.rl.arrival import ArrivalModel
+from rl4mle_jax.rollout.collate import DURATION_FLOOR_S, episode_durations
 from rl4mle_jax.tracking import read_metrics
 
 
@@ -38,6 +43,7 @@ class Run:
     episodes: list[dict[str, Any]] = field(default_factory=list)
     initial: dict[str, Any] | None = None
     final: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None  # config.json: which Δt the loop measured
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -63,7 +69,8 @@ def load_run(workdir: str | Path, variant: str = "run", seed: int = 0) -> Run:
     wd = Path(workdir)
     metrics = read_metrics(wd / "metrics.jsonl") if (wd / "metrics.jsonl").exists() else []
     return Run(variant, seed, wd, metrics, _read_jsonl(wd / "experience.jsonl"),
-               _read_json(wd / "eval_initial.json"), _read_json(wd / "eval_final.json"))
+               _read_json(wd / "eval_initial.json"), _read_json(wd / "eval_final.json"),
+               _read_json(wd / "config.json"))
 
 
 def load_study(root: str | Path) -> dict[str, list[Run]]:
@@ -294,80 +301,75 @@ def run_command(script: str, argv: list[str], drop: tuple[str, ...] = ()) -> str
 
 
 # ---------------------------------------------------------------- arrival bias
-def arrival_bias(run: Run) -> dict[str, Any]:
-    """Δt of the started vs the trained episodes of one run, per Δt bucket (powers of two
-    seconds), and the slope of log(trained / started) against log Δt.
-
-    Started = finished (Δt = the logged `duration_s`) + still running at the end (`cancelled`,
-    Δt censored at `elapsed_s`: they count in the bucket they had reached, a lower bound).
-    Trained = finished and selected. DAG's premise (inclusion ∝ 1/Δt, the paper's arrival
-    process) is a slope of -1, where `batch_mean` weights are exact; nothing lost is a slope of
-    0, where they over-correct.
-    """
-    started, trained = [], []
+def arrival_events(run: Run) -> list[tuple[str, float]]:
+    """How each started episode of the experience log ended, with its Δt in seconds, as the
+    loop's live `ArrivalModel` saw it: ("trained" | "dropped", Δt) for a finished one (Δt from
+    the run's `run.duration_source` and floor, as the loop measures it; trained = `selected`),
+    ("failed", elapsed) for one that raised, ("censored", elapsed) for one still running when
+    the run stopped (`cancelled`: not lost, its Δt is longer)."""
+    cfg = (run.config or {}).get("run", {})
+    source = cfg.get("duration_source", "episode")
+    floor_s = cfg.get("duration_floor_s", DURATION_FLOOR_S)
+    events = []
     for e in run.episodes:
         if e.get("cancelled"):
-            started.append(float(e.get("elapsed_s", 0.0)))
-        elif "duration_s" in e:
-            started.append(float(e["duration_s"]))
-            if e.get("selected"):
-                trained.append(float(e["duration_s"]))
-    if not started:
-        return {"buckets": [], "slope": None, "started": 0, "trained": 0}
-    lo = math.floor(math.log2(max(min(started), 1e-3)))
-    hi = max(math.ceil(math.log2(max(max(started), 1e-3))), lo + 1)
-    edges = [2.0 ** k for k in range(lo, hi + 1)]
-    edges[0], edges[-1] = 0.0, float("inf")
-    s_counts = np.histogram(started, edges)[0]
-    t_counts = np.histogram(trained, edges)[0] if trained else np.zeros_like(s_counts)
-    buckets = [{"lo": 2.0 ** (lo + i), "hi": 2.0 ** (lo + i + 1), "started": int(s),
-                "trained": int(t), "ratio": (t / s) if s else None}
-               for i, (s, t) in enumerate(zip(s_counts, t_counts))]
+            events.append(("censored", max(float(e["elapsed_s"]), 0.0)))
+        elif e.get("error") is not None:
+            events.append(("failed", max(float(e["elapsed_s"]), 0.0)))
+        else:
+            timing = SimpleNamespace(started_at=e.get("started_at"),
+                                     finished_at=e.get("finished_at"),
+                                     duration_s=e.get("duration_s"))
+            dt = float(episode_durations([timing], source, floor_s)[0])
+            events.append(("trained" if e.get("selected") else "dropped", dt))
+    return events
+
+
+def arrival_model(run: Run) -> ArrivalModel:
+    """The run's `rl.arrival.ArrivalModel` rebuilt by replaying its experience log
+    (`arrival_events`), so a report shows the p̂ that learner.duration_weighting=
+    "inverse_inclusion" divides by, from any finished or interrupted workdir. Episodes in
+    flight when a resumed run's checkpoint was written have no log line; the live model
+    censors them, which changes only the censored counts."""
+    model = ArrivalModel()
+    for i, (kind, dt) in enumerate(arrival_events(run)):  # own ids: a resume may reuse one
+        model.started(i, 0.0)
+        if kind == "censored":
+            model.cancelled(i, dt, at_shutdown=True)
+        else:
+            model.finished(i, dt, trained=kind == "trained")
+    return model
+
+
+def arrival_bias(run: Run) -> dict[str, Any]:
+    """Started vs trained episodes per Δt bucket, their ratio and the smoothed p̂ (the rows of
+    `ArrivalModel.table` for the replayed log, from the first to the last bucket with an
+    episode), and the slope of log(trained / started) against log Δt.
+
+    DAG's premise (inclusion ∝ 1/Δt, the paper's arrival process) is a slope of -1, where
+    `batch_mean` weights are exact; nothing lost is a slope of 0, where they over-correct and
+    inverse_inclusion weights are 1. The slope is a weighted least-squares fit (weights: the
+    bucket's started count) over the buckets with >= 3 started and >= 1 trained, at each
+    bucket's mean Δt.
+    """
+    model = arrival_model(run)
+    rows = model.table()
+    seen = [i for i, r in enumerate(rows)
+            if r["trained"] + r["dropped"] + r["cancelled"] + r["censored"] > 0]
+    buckets = rows[seen[0]:seen[-1] + 1] if seen else []
     use = [b for b in buckets if b["started"] >= 3 and b["trained"] > 0]
     slope = None
     if len(use) >= 2:
-        x = np.log([math.sqrt(b["lo"] * b["hi"]) for b in use])
-        y = np.log([b["ratio"] for b in use])
+        x, y = np.log([b["at_s"] for b in use]), np.log([b["rate"] for b in use])
         w = np.asarray([b["started"] for b in use], float)
         xm, ym = np.average(x, weights=w), np.average(y, weights=w)
         var = np.average((x - xm) ** 2, weights=w)
         slope = float(np.average((x - xm) * (y - ym), weights=w) / var) if var > 0 else None
-    return {"buckets": buckets, "slope": slope, "started": len(started),
-            "trained": len(trained),
-            "cancelled": sum(1 for e in run.episodes if e.get("cancelled"))}
-
-
-def plot_arrival_bias(bias: dict[str, Any], out: Path) -> bool:
-    """plots/arrival_bias.png: started vs trained episodes per Δt bucket, and their ratio."""
-    if not bias["buckets"]:
-        return False
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    b = bias["buckets"]
-    labels = [f"{x['lo']:g}-{x['hi']:g}" for x in b]
-    idx = np.arange(len(b))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.2))
-    ax1.bar(idx - 0.2, [x["started"] for x in b], 0.4, label="started")
-    ax1.bar(idx + 0.2, [x["trained"] for x in b], 0.4, label="trained")
-    ax1.set_xticks(idx, labels, rotation=45, fontsize=7)
-    ax1.set_xlabel("Δt bucket (s)")
-    ax1.set_ylabel("episodes")
-    ax1.legend()
-    ax2.plot(idx, [x["ratio"] if x["ratio"] is not None else np.nan for x in b], "o-")
-    ax2.set_xticks(idx, labels, rotation=45, fontsize=7)
-    ax2.set_ylim(0, 1.05)
-    ax2.set_xlabel("Δt bucket (s)")
-    ax2.set_ylabel("trained / started")
-    slope = bias["slope"]
-    ax2.set_title("slope of log ratio vs log Δt: "
-                  + ("n/a" if slope is None else f"{slope:+.2f}") + " (premise: -1)", fontsize=9)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return True
+    cfg = (run.config or {}).get("run", {})
+    return {"buckets": buckets, "slope": slope, "started": model.num_started,
+            "trained": int(model.trained.sum()), "dropped": int(model.dropped.sum()),
+            "censored": int(model.censored.sum()),
+            "duration_source": cfg.get("duration_source", "episode")}
 
 
 def run_commits(study: dict[str, list[Run]]) -> set[str]:

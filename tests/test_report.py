@@ -46,3 +46,31 @@ def test_report_learning_section_and_references(tmp_path, refs):
     else:
         assert "no reference scores" in text and "| split |" not in text
         assert "0.3000 (no reference scores)" in text
+
+
+def test_report_arrival_bias_table(tmp_path):
+    """Started vs trained, their ratio and p̂ per Δt bucket (the replayed ArrivalModel), with the
+    plot; Δt is the loop's (episode wall-clock here), not the sandbox's duration_s."""
+    wd, ini, fin = _workdir(tmp_path, "lower")
+    (wd / "config.json").write_text(json.dumps({"run": {"duration_source": "episode",
+                                                        "duration_floor_s": 0.05}}))
+    eps = [{"episode_id": i, "started_at": float(i), "finished_at": i + dt, "duration_s": 0.1,
+            "selected": i % 4 != 0 or dt < 2}  # a quarter of the slow ones dropped
+           for i, dt in enumerate([1.0] * 8 + [4.0] * 8)]
+    eps.append({"episode_id": 16, "cancelled": True, "started_at": 20.0, "elapsed_s": 4.5,
+                "selected": False})
+    (wd / "experience.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
+    task = SimpleNamespace(id="t", metric="rmse", direction="lower", reference_scores={})
+    comps = SimpleNamespace(task=task, source={"warmstart": "ws"})
+    config = SimpleNamespace(run=SimpleNamespace(eval_samples=32))
+    text = write_report(wd, config, comps, ini, fin, {}, None).read_text()
+    assert "![arrival bias](plots/arrival_bias.png)" in text
+    assert (wd / "plots" / "arrival_bias.png").stat().st_size > 0
+    assert ("17 episodes started: 14 trained, 2 dropped (stale or failed), 1 still running at "
+            "the end") in text, text
+    q_bar = 14 / 16  # p̂ = (trained_b + 2 q̄) / (finished_b + 2)
+    assert (f"| 0.707-1.41 | 1 | 8 | 8 | 0 | 0 | 1.0000 | {(8 + 2 * q_bar) / 10:.4f} |"
+            in text), text
+    assert (f"| 2.83-5.66 | 4 | 8 | 6 | 2 | 1 | 0.7500 | {(6 + 2 * q_bar) / 10:.4f} |"
+            in text), text
+    assert "| 1.41-2.83 | — | 0 | 0 | 0 | 0 | — |" in text  # an empty bucket between them

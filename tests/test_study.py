@@ -1,11 +1,14 @@
 """Study readers: bands across seeds, Δt of trained episodes, the ablation table."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from rl4mle_jax import study as st
+from rl4mle_jax.rl.arrival import ArrivalModel
+from rl4mle_jax.rollout.collate import episode_durations
 
 
 def _write_run(wd, rewards, walls, episodes=(), final=None):
@@ -105,32 +108,73 @@ def test_results_page_and_run_command(study_dir):
                           drop=("--only_tables", "--variants")) == "python e.py --config=c"
 
 
-def test_arrival_bias_counts_buckets_and_slope(tmp_path):
-    """Started = finished + still running (censored); the slope of log(trained/started) vs
-    log Δt is -1 when inclusion ∝ 1/Δt and 0 when nothing is lost."""
-    def run_with(kept):  # kept(dt, i) -> selected
-        eps = []
-        for i, dt in enumerate([1.5] * 8 + [3.0] * 8 + [6.0] * 8 + [12.0] * 8):
-            eps.append({"episode_id": i, "duration_s": dt, "selected": kept(dt, i)})
-        eps.append({"episode_id": 99, "cancelled": True, "elapsed_s": 5.0, "selected": False})
-        return st.Run("v", 0, tmp_path, episodes=eps)
+EDGES = 2.0 ** (np.arange(-4, 14) + 0.5)  # the ArrivalModel's default Δt bucket edges (s)
 
-    everything = st.arrival_bias(run_with(lambda dt, i: True))
-    assert everything["started"] == 33 and everything["trained"] == 32
-    assert everything["cancelled"] == 1
-    by_lo = {b["lo"]: b for b in everything["buckets"]}
-    assert by_lo[1.0]["started"] == 8 and by_lo[4.0]["started"] == 9  # 8 of 6 s + the censored
-    assert by_lo[4.0]["trained"] == 8
-    # Nothing lost but the censored one: slope ~0 (numpy reference on the same buckets).
-    use = [b for b in everything["buckets"] if b["started"] >= 3 and b["trained"]]
-    x = np.log([np.sqrt(b["lo"] * b["hi"]) for b in use])
-    y = np.log([b["trained"] / b["started"] for b in use])
-    w = np.array([b["started"] for b in use], float)
-    ref = np.polyfit(x, y, 1, w=np.sqrt(w))[0]
-    assert everything["slope"] == pytest.approx(ref, abs=1e-9)
-    assert abs(everything["slope"]) < 0.1
-    # Inclusion ∝ 1/Δt (keep 8, 4, 2, 1 of 8 per bucket): slope -1.
-    keep = {1.5: 8, 3.0: 4, 6.0: 2, 12.0: 1}
-    premise = st.arrival_bias(run_with(lambda dt, i: i % 8 < keep[dt]))
-    assert premise["slope"] == pytest.approx(-1.0, abs=0.1)
-    assert st.plot_arrival_bias(premise, tmp_path / "arrival.png")
+
+def _arrival_run(tmp_path, kept, source="episode"):
+    """8 episodes at each of Δt 1.5, 3, 6, 12 s (`kept(dt, i)`: trained), one failed after 2 s,
+    one still running at the end (5 s elapsed); Δt as the loop measures it for `source`:
+    finished_at − started_at (the sandbox's duration_s is a third of it)."""
+    eps = []
+    for i, dt in enumerate([1.5] * 8 + [3.0] * 8 + [6.0] * 8 + [12.0] * 8):
+        eps.append({"episode_id": i, "started_at": 100.0 + i, "finished_at": 100.0 + i + dt,
+                    "duration_s": dt / 3, "selected": kept(dt, i)})
+    eps.append({"episode_id": 40, "error": "boom", "started_at": 0.0, "finished_at": 2.0,
+                "elapsed_s": 2.0, "selected": False})
+    eps.append({"episode_id": 41, "cancelled": True, "started_at": 150.0, "elapsed_s": 5.0,
+                "selected": False})
+    return st.Run("v", 0, tmp_path, episodes=eps,
+                  config={"run": {"duration_source": source, "duration_floor_s": 0.05}})
+
+
+def test_arrival_bias_counts_buckets_and_p_hat_against_numpy(tmp_path):
+    """Per bucket: started (= finished here, nothing cancelled), trained, their ratio and p̂ =
+    (trained_b + 2 q̄) / (finished_b + 2), q̄ = Σ trained / Σ finished (the prior of 2
+    pseudo-episodes); the still-running episode is censored, not started-and-lost."""
+    keep = {1.5: 8, 3.0: 4, 6.0: 2, 12.0: 1}  # inclusion ∝ 1/Δt
+    bias = st.arrival_bias(_arrival_run(tmp_path, lambda dt, i: i % 8 < keep[dt]))
+    assert (bias["started"], bias["trained"], bias["dropped"], bias["censored"]) == (34, 15, 18, 1)
+    assert bias["duration_source"] == "episode"
+    dt = np.array([1.5] * 8 + [3.0] * 8 + [6.0] * 8 + [12.0] * 8 + [2.0])
+    trained = np.array([i % 8 < keep[d] for i, d in enumerate(dt[:32])] + [False])
+    started_ref = np.histogram(dt, np.concatenate([[0], EDGES, [np.inf]]))[0]
+    trained_ref = np.histogram(dt[trained], np.concatenate([[0], EDGES, [np.inf]]))[0]
+    q_bar = trained.sum() / len(dt)
+    p_ref = (trained_ref + 2 * q_bar) / (started_ref + 2)
+    first = int(np.searchsorted(EDGES, 1.5, side="right"))  # [1.41, 2.83) s
+    got = bias["buckets"]
+    assert [b["lo_s"] for b in got] == pytest.approx(EDGES[first - 1:first + 3])
+    np.testing.assert_allclose([b["started"] for b in got], started_ref[first:first + 4])
+    np.testing.assert_array_equal([b["trained"] for b in got], trained_ref[first:first + 4])
+    np.testing.assert_allclose([b["rate"] for b in got],
+                               trained_ref[first:first + 4] / started_ref[first:first + 4])
+    np.testing.assert_allclose([b["inclusion"] for b in got], p_ref[first:first + 4], rtol=1e-6)
+    np.testing.assert_allclose([b["at_s"] for b in got], [(8 * 1.5 + 2.0) / 9, 3.0, 6.0, 12.0])
+    assert [b["censored"] for b in got] == [0, 1, 0, 0]  # the 5 s one, in [2.83, 5.66)
+    # Slope of log ratio vs log mean Δt, weighted by started: numpy reference.
+    x, y = np.log([b["at_s"] for b in got]), np.log([b["rate"] for b in got])
+    ref = np.polyfit(x, y, 1, w=np.sqrt([b["started"] for b in got]))[0]
+    assert bias["slope"] == pytest.approx(ref, abs=1e-9)
+    assert bias["slope"] == pytest.approx(-1.0, abs=0.1)
+
+
+def test_arrival_bias_replays_what_the_loop_counted(tmp_path):
+    """The replay gives the live ArrivalModel's table: the same events with the same Δt (the
+    run's duration_source and floor) as train.py feeds it."""
+    for source in ("episode", "execution"):
+        run = _arrival_run(tmp_path, lambda dt, i: i % 3 > 0, source)
+        live = ArrivalModel()
+        for e in run.episodes:
+            live.started(e["episode_id"], e["started_at"])
+            if e.get("cancelled"):
+                live.cancelled(e["episode_id"], e["elapsed_s"], at_shutdown=True)
+            elif "error" in e:
+                live.finished(e["episode_id"], e["elapsed_s"], trained=False)
+            else:
+                live.finished(e["episode_id"], float(episode_durations(
+                    [SimpleNamespace(**e)], source, 0.05)[0]), trained=e["selected"])
+        assert json.dumps(st.arrival_model(run).table()) == json.dumps(live.table())  # NaN too
+    nothing_lost = st.arrival_bias(_arrival_run(tmp_path, lambda dt, i: True))
+    for b in nothing_lost["buckets"]:  # only the failed episode is lost: q̄ = 32/33
+        assert b["inclusion"] == pytest.approx((b["trained"] + 2 * 32 / 33) / (b["started"] + 2))
+    assert abs(nothing_lost["slope"]) < 0.1

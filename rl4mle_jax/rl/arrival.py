@@ -189,8 +189,9 @@ class ArrivalModel:
 
         started: the episodes started whose Δt falls in the bucket, estimated as finished / S_C
         at their mean Δt (censored ones cannot be counted directly; in-flight ones not yet);
-        rate = trained / started; inclusion: the smoothed p̂ the weights use, at the mean Δt of
-        the bucket's finishers (its geometric middle when none finished).
+        rate = trained / started; inclusion: the smoothed p̂ the weights use, at at_s: the mean
+        Δt of the bucket's finishers (its geometric middle when none finished), since p̂ varies
+        within a bucket through S_C.
         """
         est = self._estimate(now)
         hi = np.concatenate([self.edges_s, [np.inf]])
@@ -202,7 +203,8 @@ class ArrivalModel:
         for b in range(len(at)):
             started = est["finished"][b] / survival[b] if survival[b] > 0 else 0.0
             rows.append({
-                "lo_s": float(self._lo[b]), "hi_s": float(hi[b]), "started": float(started),
+                "lo_s": float(self._lo[b]), "hi_s": float(hi[b]), "at_s": float(at[b]),
+                "started": float(started),
                 "trained": int(self.trained[b]), "dropped": int(self.dropped[b]),
                 "cancelled": int(self.cancelled_lost[b]), "censored": int(self.censored[b]),
                 "in_flight": int(est["in_flight"][b]),

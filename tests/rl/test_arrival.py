@@ -63,6 +63,11 @@ def test_sparse_buckets_pool_towards_the_overall_rate():
     q_bar = 10 / 21  # trained / finished over the run
     p = model.inclusion([1.0, 100.0, 1e4])  # q_b = (trained_b + 2 q̄) / (finished_b + 2)
     np.testing.assert_allclose(p, [(10 + 2 * q_bar) / 22, 2 * q_bar / 3, q_bar], rtol=1e-6)
+    # The table's p̂ is the same estimate, at each bucket's mean finisher Δt (at_s).
+    rows = {r["at_s"]: r for r in model.table() if r["trained"] + r["dropped"]}
+    assert sorted(rows) == [1.0, 100.0]
+    np.testing.assert_allclose([rows[1.0]["inclusion"], rows[100.0]["inclusion"]], p[:2])
+    np.testing.assert_allclose([rows[1.0]["rate"], rows[100.0]["rate"]], [10 / 20, 0.0])
 
 
 def test_state_dict_round_trip_and_errors():
