@@ -72,6 +72,18 @@ def _sample_codes(comps: Any, params: Any, prompts: list[str], rng: jax.Array, k
     return cands
 
 
+def prompt_kwargs(comps: Any) -> dict[str, Any]:
+    """How the loop renders prompts for this policy: its budget, chat template and tokenizer."""
+    chat = comps.tokenizer.apply_chat_template if comps.tokenizer.is_chat else None
+    return dict(cfg=comps.prompt_cfg, chat_template=chat,
+                count_tokens=lambda s: len(comps.tokenizer.encode(s)))
+
+
+def solve_prompt_text(comps: Any) -> str:
+    """The loop's solve prompt for `comps.task` (what a zero-shot sample is asked)."""
+    return prompts_lib.solve_prompt(comps.context, **prompt_kwargs(comps)).text
+
+
 def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: float = 0.7,
               concurrency: int = 2) -> dict[str, Any]:
     """Samples N candidates of both kinds and reports the honest pick and the paper's number."""
@@ -80,11 +92,9 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
         return {"n": 0, "direction": direction, "valid_rate": None, "pick": {},
                 "paper_protocol_best_test_score": None, "by_kind": {}, "candidates": []}
     timeout = comps.episode_cfg.timeout_s
-    chat = comps.tokenizer.apply_chat_template if comps.tokenizer.is_chat else None
-    count = lambda s: len(comps.tokenizer.encode(s))  # noqa: E731
     max_new = comps.prompt_cfg.max_response_tokens
-    kw = dict(cfg=comps.prompt_cfg, chat_template=chat, count_tokens=count)
-    solve_prompt = prompts_lib.solve_prompt(comps.context, **kw).text
+    kw = prompt_kwargs(comps)
+    solve_prompt = solve_prompt_text(comps)
     k_solve, k_improve = jax.random.split(rng)
     n_solve = n - n // 2
     cands = _sample_codes(comps, params, [solve_prompt] * n_solve, k_solve, "solve",

@@ -16,19 +16,16 @@ sys.path.insert(0, str(ROOT))
 
 from configs import task as task_config  # noqa: E402
 from rl4mle_jax.components import validate_config  # noqa: E402
+from tests.warm import WARMSTART_SETTINGS as WARMSTART  # noqa: E402  (the shared warm start)
+from tests.warm import warm_config  # noqa: E402
 
-# The default warm start (smaller ones write too few valid programs for the assertions below),
-# with a shorter evaluation of its own.
-WARMSTART = {"eval_samples": 2}
 QUICK = {"mesh.data": 1, "run.max_steps": 2, "run.batch_size": 4, "run.slots": 2,
          "run.checkpoint_every": 1, "run.time_budget_s": 0.0, "run.progress": False,
          "instrument.max_new_tokens": 256}
 
 
 def _config(cache_dir, **overrides):
-    cfg = task_config.get_config()
-    cfg.warmstart.cache_dir = str(cache_dir)
-    cfg.warmstart.settings.update(WARMSTART)
+    cfg = warm_config(cache_dir)
     cfg.update_from_flattened_dict({**QUICK, **overrides})
     return cfg
 
@@ -39,16 +36,6 @@ def _cli_flags(cache_dir, **overrides):
         flags.append(f"--config.{k}={v}")
     flags += [f"--config.warmstart.settings.{k}={v!r}" for k, v in WARMSTART.items()]
     return flags
-
-
-@pytest.fixture(scope="module")
-def warm_cache(tmp_path_factory):
-    """Builds the small warm start once (the runs below load it from this cache)."""
-    from rl4mle_jax.components import build_components
-
-    cache = tmp_path_factory.mktemp("warmstart")
-    build_components(_config(cache), cache / "unused")
-    return cache
 
 
 def _records(path):

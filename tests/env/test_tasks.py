@@ -259,7 +259,9 @@ def test_mlebench_id_and_json_train(tmp_path, monkeypatch):
 
 
 def test_mlebench_specs():
-    assert len(mlebench.PAPER_COMPETITIONS) == 8
+    assert len(mlebench.PAPER_COMPETITIONS) == 10
+    assert {"us-patent-phrase-to-phrase-matching", "plant-pathology-2020-fgvc7"} <= set(
+        mlebench.PAPER_COMPETITIONS)
     for cid, spec in mlebench.SPECS.items():
         assert spec["metric"] in METRICS, cid
         assert spec["answers_file"] in ("test.csv", "answers.csv"), cid
