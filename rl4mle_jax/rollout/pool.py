@@ -186,6 +186,13 @@ class RolloutPool:
         self._launch(slot)
 
     # -- consumer side -----------------------------------------------------------------------
+    def drain(self) -> list[Finished]:
+        """The finished episodes nobody has taken yet (at shutdown: so they get logged)."""
+        out = []
+        while not self._queue.empty():
+            out.append(self._queue.get_nowait())
+        return out
+
     async def get_batch(self, batch_size: int, timeout_s: float | None = None) -> list[Finished]:
         """The next `batch_size` finished episodes in completion order (fewer on timeout)."""
         out: list[Finished] = []

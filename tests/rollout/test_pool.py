@@ -106,6 +106,27 @@ def test_stop_reports_the_episodes_still_running():
     assert fast["episode_id"] == 4 and fast["elapsed_s"] < slow["elapsed_s"]
 
 
+def test_every_started_episode_is_taken_drained_or_cancelled():
+    """At shutdown nothing started goes unaccounted: finished episodes no batch took come back
+    from drain(), the ones still running from stop()."""
+    async def run_episode(request):
+        await asyncio.sleep(5 if request["id"] == 1 else 0.01)
+        return {}
+
+    async def main():
+        pool = RolloutPool(run_episode, lambda i: {"id": i}, num_slots=2)
+        pool.start()
+        taken = await pool.get_batch(2, timeout_s=5)
+        await asyncio.sleep(0.1)  # more finish meanwhile, nobody takes them
+        cancelled = await pool.stop()
+        return taken, pool.drain(), cancelled, pool.started
+
+    taken, drained, cancelled, started = asyncio.run(main())
+    ids = [f.episode_id for f in taken + drained] + [c["episode_id"] for c in cancelled]
+    assert drained and sorted(ids) == list(range(started))
+    assert 1 in [c["episode_id"] for c in cancelled]  # the slow one (and the fast slot's next)
+
+
 def test_bad_slot_count():
     with pytest.raises(ValueError, match="num_slots"):
         RolloutPool(lambda r: r, lambda i: i, num_slots=0)
