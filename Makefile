@@ -7,7 +7,7 @@ PIP := .venv/bin/pip
 .venv/.installed: setup.py constraints.txt
 	python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt -e ".[test,docker]"
+	$(PIP) install -q -c constraints.txt -e ".[test,docker,ray]"
 	touch .venv/.installed
 
 setup: .venv/.installed

@@ -35,6 +35,8 @@ EXTRAS_REQUIRE = {
     "gpu": ["jax[cuda12]>=0.10.2"],
     "tpu": ["jax[tpu]>=0.10.2"],
     "docker": ["docker>=7.0"],
+    # env.backend="ray": sandbox runs as Ray tasks on a cluster (env/sandbox/ray_backend.py)
+    "ray": ["ray>=2.40"],
     "notebooks": ["nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29", "jupyter"],
 }
 

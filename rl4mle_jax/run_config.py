@@ -127,11 +127,16 @@ class SandboxConfig:
     output_bytes: int = 256 * 1024
     disk_mb: int | None = 1024
     max_inodes: int | None = 16384
+    ray_inner: str = "bwrap"  # backend "ray": the sandbox each node runs
+    ray_address: str | None = None  # backend "ray": cluster to join (None: $RAY_ADDRESS/local)
 
     def __post_init__(self):
         _need(self.backend in BACKENDS, "backend", f"{self.backend!r} is not one of {BACKENDS}")
         _need(self.timeout_s >= 0, "timeout_s", "must be >= 0 (0: the task's own limit)")
-        limits = {k: v for k, v in dataclasses.asdict(self).items() if k != "backend"}
+        _need(self.ray_inner in BACKENDS and self.ray_inner != "ray", "ray_inner",
+              f"{self.ray_inner!r}: give a local backend of {BACKENDS}")
+        limits = {k: v for k, v in dataclasses.asdict(self).items()
+                  if k not in ("backend", "ray_inner", "ray_address")}
         try:  # the sandbox's own checks of its limits
             Limits(**{**limits, "timeout_s": 1.0, "cpus": float(self.cpus)})
         except ValueError as e:

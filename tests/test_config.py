@@ -40,6 +40,7 @@ for _name, _values in CHANGED.items():
 # Allowed values of the string fields that have them (the owners' lists).
 CHOICES = {
     ("env", "backend"): BACKENDS,
+    ("env", "ray_inner"): tuple(b for b in BACKENDS if b != "ray"),
     ("instrument", "mode"): INSTRUMENT_MODES,
     ("run", "duration_source"): DURATION_SOURCES,
     ("reward", "normalisation"): NORMALISATIONS,
@@ -105,7 +106,7 @@ def _other_value(section: str, name: str, default, hint):
         return next(v for v in CHOICES[section, name] if v not in skip)
     if default is None:
         kind = run_config._placeholder_type(hint)
-        return {float: 0.25, int: 7, bool: True}[kind]
+        return {float: 0.25, int: 7, bool: True, str: "ray://head:10001"}[kind]
     if isinstance(default, bool):
         return not default
     if isinstance(default, int):

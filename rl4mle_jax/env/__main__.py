@@ -35,6 +35,7 @@ from typing import Any
 
 from rl4mle_jax.env.grading import grade, invalid_report
 from rl4mle_jax.env.metrics import METRICS
+from rl4mle_jax.env.sandbox import BACKENDS
 from rl4mle_jax.env.tasks import Task, TaskSpecError, default_data_root, list_tasks, load_task
 
 
@@ -190,7 +191,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("script", type=Path, help="Python program to run")
     p.add_argument("--split", default="reward", choices=["reward", "test"])
     p.add_argument("--timeout", type=float, default=None, help="seconds (default: the task's)")
-    p.add_argument("--backend", default="bwrap", choices=["bwrap", "subprocess", "docker"])
+    p.add_argument("--backend", default="bwrap", choices=list(BACKENDS),
+                   help="ray: through a Ray cluster ($RAY_ADDRESS, else a local one)")
     p.add_argument("--instrument", default="none", choices=["none", "static"],
                    help="insert milestone markers (static analysis); the reward record is "
                         "printed either way")

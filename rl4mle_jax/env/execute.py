@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rl4mle_jax.env.actions import Action, extract_action
-from rl4mle_jax.env.grading import GradeReport, grade_run_bytes
+from rl4mle_jax.env.grading import GradeReport, grade_read, grade_run_bytes
 from rl4mle_jax.env.instrument import (
     InstrumentedProgram,
     instrument_static,
@@ -34,7 +34,7 @@ from rl4mle_jax.env.instrument import (
 )
 from rl4mle_jax.env.instrument_lm import NoGenerateError
 from rl4mle_jax.env.reward import RewardConfig, RewardRecord, compute_reward
-from rl4mle_jax.env.submission import RUN_SUBMISSION
+from rl4mle_jax.env.submission import submission_present
 from rl4mle_jax.env.tasks import TaskSpecError
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,14 @@ def _host_failure(reason: str, nonce: str | None, res: Any, cfg: RewardConfig,
 def _grade(res: Any, task: Any, split: str, keep: bool) -> tuple[GradeReport | None,
                                                               bytes | None, bool]:
     """(grade report, submission bytes if kept, whether anything sits at the submission path)."""
+    remote = getattr(res, "remote_submission", None)
+    if remote is not None:  # read on the node that ran it, under the same rules
+        if not remote.present:
+            return None, None, False
+        report, data = grade_read(task, remote.read, split)
+        return report, (data if keep else None), True
     wd = Path(res.workdir)
-    if not os.path.lexists(wd / RUN_SUBMISSION) and not os.path.islink(wd / "submission"):
+    if not submission_present(wd):
         return None, None, False
     report, data = grade_run_bytes(task, wd, split)
     return report, (data if keep else None), True

@@ -29,6 +29,7 @@ from rl4mle_jax.env.submission import (  # noqa: F401 - REASONS etc. are re-expo
     REASONS,
     RUN_SUBMISSION,
     SubmissionError,
+    SubmissionRead,
     parse_submission,
     quote,
     quote_columns,
@@ -331,8 +332,18 @@ def grade_run_bytes(task: Task, workdir: str | Path, split: str = "reward"
                     ) -> tuple[GradeReport, bytes | None]:
     """`grade_run`, also returning the bytes that were graded (None when they could not be
     read safely)."""
-    source = RUN_SUBMISSION
-    got = read_run_submission(Path(workdir), submission_byte_cap(task, split))
+    return grade_read(task, read_run_submission(Path(workdir), submission_byte_cap(task, split)),
+                      split)
+
+
+def grade_read(task: Task, got: SubmissionRead, split: str = "reward"
+               ) -> tuple[GradeReport, bytes | None]:
+    """Grade a submission already read safely from a run dir (here, or on the node that ran
+    it: the Ray backend reads under the global cap, so this task's own cap is applied here)."""
+    source, cap = RUN_SUBMISSION, submission_byte_cap(task, split)
+    if got.data is not None and len(got.data) > cap:
+        got = SubmissionRead(None, "too_large", f"{source} is {len(got.data)} bytes; the limit "
+                             f"for this task is {cap} bytes")
     if got.data is None:
         return invalid_report(task, split, source, got.reason or "no_file", got.message), None
     return grade_bytes(task, got.data, split, source=source), got.data

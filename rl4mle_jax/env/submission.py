@@ -143,6 +143,12 @@ def _read_capped(fd: int, max_bytes: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+def submission_present(workdir: Path) -> bool:
+    """Anything at the run's submission path (a file, a link, ...), or submission/ is a link."""
+    wd = Path(workdir)
+    return os.path.lexists(wd / RUN_SUBMISSION) or os.path.islink(wd / "submission")
+
+
 def read_run_submission(workdir: Path, max_bytes: int, rel: str = RUN_SUBMISSION
                         ) -> SubmissionRead:
     """Read `workdir/rel` without following any link, refusing anything but a small regular

@@ -9,7 +9,8 @@ The program runs with cwd = a fresh workdir holding `input/` (read-only view of 
 `submission/` (writable); it writes `./submission/submission.csv`. The workdir is kept for the
 caller, who deletes it (`ExecResult.cleanup()`) after reading the submission.
 Backends: "bwrap" (default; namespaces, see bwrap.py), "subprocess" (rlimits only, says loudly
-that it is weaker), "docker" (docker SDK, for clusters).
+that it is weaker), "docker" (docker SDK), "ray" (each run a Ray task running one of the others
+on a node of a cluster, graded here; ray_backend.py).
 
 Aggregate limits (the whole process tree of a run, not each process): memory_mb, cpus (cores:
 a CFS quota of cpus x period), max_procs (pids.max) through a per-run cgroup, v2 where writable,
@@ -33,7 +34,7 @@ from rl4mle_jax.env.sandbox.result import STATUSES, ExecResult
 
 __all__ = ["Sandbox", "ExecResult", "STATUSES", "BACKENDS"]
 
-BACKENDS = ("bwrap", "subprocess", "docker")
+BACKENDS = ("bwrap", "subprocess", "docker", "ray")
 
 
 class Sandbox:
@@ -44,6 +45,8 @@ class Sandbox:
     threads of the run. max_file_mb: largest file it may write. disk_mb / max_inodes: bytes and
     entries of its whole run dir (tmpfs). output_bytes: kept per stream (head+tail).
     python: host interpreter whose libraries programs may import (default: this one).
+    ray_inner / ray_address: the "ray" backend's sandbox on each node, and the cluster to join
+    (default: $RAY_ADDRESS, else a local Ray started here; see ray_backend.py).
     """
 
     def __init__(self, backend: str = "bwrap", timeout_s: float = 300.0,
@@ -52,7 +55,8 @@ class Sandbox:
                  disk_mb: int | None = 1024, max_inodes: int | None = 16384,
                  python: str | None = None, work_root: str | Path | None = None,
                  image: str = "python:3.11-slim", max_concurrency: int = 64,
-                 docker_client: Any = None):
+                 docker_client: Any = None, ray_inner: str = "bwrap",
+                 ray_address: str | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {BACKENDS}")
         if timeout_s <= 0:
@@ -72,6 +76,10 @@ class Sandbox:
             from rl4mle_jax.env.sandbox.subprocess_backend import SubprocessBackend
 
             self._backend = SubprocessBackend(self.python, self.work_root)
+        elif backend == "ray":
+            from rl4mle_jax.env.sandbox.ray_backend import RayBackend
+
+            self._backend = RayBackend(self.work_root, inner=ray_inner, address=ray_address)
         else:
             from rl4mle_jax.env.sandbox.docker_backend import DockerBackend
 

@@ -22,6 +22,14 @@ _OOM_RE = re.compile(
 )
 
 
+@dataclass(frozen=True)
+class RemoteSubmission:
+    """What a remote node read at the run's submission path (env.submission's rules)."""
+
+    present: bool  # anything at submission/submission.csv, or submission/ is a link
+    read: Any  # env.submission.SubmissionRead
+
+
 @dataclass
 class ExecResult:
     """What happened when one program ran in a sandbox.
@@ -55,6 +63,9 @@ class ExecResult:
     weak_isolation: bool = False
     warnings: list[str] = field(default_factory=list)
     evidence: dict | None = None
+    # The submission as read on the machine that ran the program (remote backends: the run
+    # dir is there, not here); None: read it from `workdir` (env.execute does).
+    remote_submission: RemoteSubmission | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -66,6 +77,7 @@ class ExecResult:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        d.pop("remote_submission")  # bytes: the graded copy is kept by the caller if at all
         d["submission_path"] = str(self.submission_path)
         d["workdir"] = str(self.workdir)
         return d
