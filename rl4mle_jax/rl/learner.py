@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from rl4mle_jax import models
+from rl4mle_jax import distributed, models
 from rl4mle_jax import sharding as shd
 from rl4mle_jax.rl import advantages as adv_lib
 from rl4mle_jax.rl import critic as critic_lib
@@ -407,7 +407,8 @@ class Learner:
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         """Validated `train_step_jit` (the state is donated: do not reuse the argument)."""
-        return self.train_step_jit(state, self.prepare_batch(batch))
+        return self.train_step_jit(state, distributed.to_global(self.prepare_batch(batch),
+                                                                self.batch_sharding))
 
 
 def make_learner(model_config: models.Qwen2Config, ppo_config: LearnerConfig | Any,
