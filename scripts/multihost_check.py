@@ -3,15 +3,18 @@
   # one process, 8 CPU devices (the reference)
   python scripts/multihost_check.py --num_processes 1 --devices 8 --out /tmp/one
   # the same on two processes of 4 CPU devices each (start both; localhost coordinator)
-  python scripts/multihost_check.py --num_processes 2 --process_id 0 --devices 4 --out /tmp/two &
-  python scripts/multihost_check.py --num_processes 2 --process_id 1 --devices 4 --out /tmp/two
+  python scripts/multihost_check.py --num_processes 2 --process_id 0 --devices 4 \
+      --coordinator localhost:12421 --out /tmp/two &
+  python scripts/multihost_check.py --num_processes 2 --process_id 1 --devices 4 \
+      --coordinator localhost:12421 --out /tmp/two
 
-On a real cluster give --coordinator HOST:PORT (or RL4MLE_COORDINATOR, or nothing on a TPU pod
-slice / under SLURM, where JAX finds it). The mesh is data=2 × fsdp=2 × tensor=2 over all
-devices of all processes; every process builds the same batch (seeded), the learner makes it
-global with each process supplying its own devices' shards. Process 0 writes
-`<out>/result.npz` (the policy parameters after two steps, gathered) and `<out>/result.json`
-(metrics, and whether the restored checkpoint equals the trained state).
+On a real cluster give --coordinator HOST:PORT and --process_id (or RL4MLE_COORDINATOR /
+RL4MLE_PROCESS_ID, or nothing on a TPU pod slice / under SLURM, where JAX finds them). The
+mesh is data=2 × fsdp=2 × tensor=2 over all devices of all processes; every process builds the
+same batch (seeded), the learner makes it global with each process supplying its own devices'
+shards. Process 0 writes `<out>/result.npz` (the policy parameters after two steps, gathered)
+and `<out>/result.json` (metrics, and whether the restored checkpoint equals the trained
+state).
 """
 
 import argparse
@@ -24,8 +27,10 @@ from pathlib import Path
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num_processes", type=int, default=1)
-    ap.add_argument("--process_id", type=int, default=0)
-    ap.add_argument("--coordinator", default="localhost:12421")
+    ap.add_argument("--process_id", type=int, default=None,
+                    help="default: from RL4MLE_PROCESS_ID or the cluster (TPU, SLURM)")
+    ap.add_argument("--coordinator", default=None, help="HOST:PORT of process 0 (default: "
+                    "RL4MLE_COORDINATOR or the cluster's own)")
     ap.add_argument("--devices", type=int, default=0, help="CPU devices of this process")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
