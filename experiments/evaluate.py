@@ -43,7 +43,7 @@ def main(argv):
         config.update(json.loads((workdir / "config.json").read_text()))
         comps = build_components(config, workdir)
         learner = make_learner(comps.model_config, dict(config.learner),
-                               sharding.make_mesh(**config.mesh))
+                               sharding.make_meshes(**config.mesh).learner)
         with ckpt_lib.CheckpointManager(workdir / "checkpoints") as mngr:
             state, meta = mngr.restore(learner.abstract_state())
         params, out = state.policy_params, workdir / f"eval_step{meta['step']}.json"

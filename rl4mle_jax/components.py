@@ -80,13 +80,16 @@ def validate_config(config: Any) -> dict[str, Any]:
     need(built["model"].hf_dir or ws.enabled, "model.hf_dir",
          "give a Hugging Face directory or enable the warm start")
     try:
-        mesh = sharding.make_mesh(**dataclasses.asdict(built["mesh"]))
+        meshes = sharding.make_meshes(**dataclasses.asdict(built["mesh"]))
     except ValueError as e:
         raise ValueError(f"config.mesh: {e}") from e
-    divisor = sharding.batch_divisor(mesh)
+    # Only the learner's mesh shards the batch (the sampler's devices are not in it).
+    divisor = sharding.batch_divisor(meshes.learner)
     need(run.batch_size % divisor == 0, "run.batch_size",
-         f"{run.batch_size} is not a multiple of the mesh's data × fsdp size {divisor} "
-         f"({len(mesh.devices.flat)} devices); change run.batch_size or config.mesh")
+         f"{run.batch_size} is not a multiple of the learner mesh's data × fsdp size {divisor} "
+         f"({meshes.learner.devices.size} devices"
+         + (f", after mesh.sampler_devices={built['mesh'].sampler_devices}"
+            if meshes.sampler is not None else "") + "); change run.batch_size or config.mesh")
     # The learner splits each batch into num_minibatches updates of micro-batches.
     need(run.batch_size % learner.num_minibatches == 0, "run.batch_size",
          f"{run.batch_size} is not a multiple of learner.num_minibatches="

@@ -152,11 +152,20 @@ class SandboxConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Axis sizes of the device mesh (sharding.make_mesh checks them against the devices)."""
+    """Axis sizes of the learner's device mesh and the devices split off for sampling
+    (sharding.make_meshes checks them against the devices)."""
 
     data: int = -1  # -1: the devices left over
     fsdp: int = 1
     tensor: int = 1
+    # The first N devices sample (policy and frozen copy, tensor-parallel) and the rest learn,
+    # so sampling never waits for a train step; the learner publishes each new version to
+    # them. 0: one mesh, sampling and training take turns on one device lane.
+    sampler_devices: int = 0
+
+    def __post_init__(self):
+        _need(self.sampler_devices >= 0, "sampler_devices",
+              f"must be >= 0 (0: share all devices), got {self.sampler_devices}")
 
 
 ADMISSION_MODES = ("bounded", "drop_stale")  # RunConfig.admission

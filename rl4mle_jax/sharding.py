@@ -9,10 +9,16 @@ longest prefix (a1, ..., ak) whose product of mesh sizes divides n and drop the 
 axis already used by an earlier dimension of the same array is dropped too (an array may use
 each mesh axis once). Such a dimension is then (partly) replicated instead of failing, e.g.
 Qwen2.5's 2 KV heads on a tensor axis of 4.
+
+With `sampler_devices` > 0 (`make_meshes`) the devices are split in two disjoint meshes: the
+first devices sample (policy and frozen copy), the rest learn, so sampling never waits for a
+train step. The sampler's mesh is all "tensor": its prompts arrive unsharded from the host, so
+a data axis there would only repeat the same work on every device.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,6 +73,28 @@ def make_mesh(
                          f"devices, only {len(devices)} available")
     grid = np.asarray(devices[:total], dtype=object).reshape(sizes)
     return Mesh(grid, MESH_AXES)
+
+
+@dataclasses.dataclass(frozen=True)
+class Meshes:
+    """The learner's mesh and the sampler's (None: one mesh, sampler and learner take turns)."""
+
+    learner: Mesh
+    sampler: Mesh | None = None
+
+
+def make_meshes(data: int = -1, fsdp: int = 1, tensor: int = 1, sampler_devices: int = 0,
+                devices: Sequence[jax.Device] | None = None) -> Meshes:
+    """The learner's (data, fsdp, tensor) mesh on the devices after the first
+    `sampler_devices`, and a tensor-parallel sampler mesh on those (0: one mesh of all)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if sampler_devices == 0:
+        return Meshes(make_mesh(data, fsdp, tensor, devices))
+    if not 0 < sampler_devices < len(devices):
+        raise ValueError(f"sampler_devices={sampler_devices} must leave at least one of the "
+                         f"{len(devices)} devices to the learner (0: share all of them)")
+    return Meshes(learner=make_mesh(data, fsdp, tensor, devices[sampler_devices:]),
+                  sampler=make_mesh(1, 1, sampler_devices, devices[:sampler_devices]))
 
 
 def _rule_lookup(rules: Rules) -> dict[str, tuple[str, ...]]:

@@ -5,9 +5,13 @@
     → sandbox (Δt) → grade on the reward split → reward   → PPO train_step with Δt weights
     finished episodes queue up in completion order  ───▶  → new policy version to the sampler
 
-Device work (sampling, train steps) runs on one "device lane" thread; sandboxes run beside it,
-so executions continue while the learner trains. Everything a run makes goes to `workdir`:
-checkpoints/, experience.jsonl, metrics.jsonl, tb/, plots/, best_solution/, report.md.
+Device work runs on "device lane" threads; sandboxes run beside them, so executions continue
+while the learner trains. With one mesh, sampling and train steps take turns on one lane; with
+`mesh.sampler_devices` > 0 the sampler's devices (policy and frozen copy) have a lane of their
+own, so sampling continues during a train step, and each update is published to them
+(rollout.publish; the sampler switches versions between requests).
+Everything a run makes goes to `workdir`: checkpoints/, experience.jsonl, metrics.jsonl, tb/,
+plots/, best_solution/, report.md.
 A run killed at any point resumes from its last checkpoint with the same command.
 """
 
@@ -44,7 +48,8 @@ from rl4mle_jax.rollout.buffer import ExperienceLog, SolutionBuffer
 from rl4mle_jax.rollout.collate import build_batch, episode_durations
 from rl4mle_jax.rollout.episode import EpisodeRunner, Experience
 from rl4mle_jax.rollout.pool import RolloutPool
-from rl4mle_jax.rollout.service import GenerationService
+from rl4mle_jax.rollout.publish import WeightPublisher, param_shardings
+from rl4mle_jax.rollout.service import BusySpans, GenerationService
 from rl4mle_jax.tracking import MetricLogger, plot_metrics
 
 log = logging.getLogger("rl4mle_jax.train")
@@ -145,9 +150,17 @@ class _Trainer:
     def __init__(self, config: Any, workdir: Path, comps: Components):
         self.config, self.workdir, self.c = config, workdir, comps
         run = config.run
-        self.learner = make_learner(comps.model_config, dict(config.learner),
-                                    sharding.make_mesh(**config.mesh))
+        meshes = sharding.make_meshes(**config.mesh)
+        self.learner = make_learner(comps.model_config, dict(config.learner), meshes.learner)
         self.lane = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="device-lane")
+        # Split devices: the sampler gets its own lane and copies of the weights on its mesh.
+        self.split = meshes.sampler is not None
+        self.sampler_lane = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sampler-lane")
+            if self.split else self.lane)
+        self.sampler_busy = BusySpans()
+        self.publisher = WeightPublisher(
+            param_shardings(comps.model_config, meshes.sampler) if self.split else None)
         self.ckpt = ckpt_lib.CheckpointManager(workdir / "checkpoints",
                                                max_to_keep=run.keep_checkpoints)
         self.explog = ExperienceLog(workdir / "experience.jsonl")
@@ -159,10 +172,13 @@ class _Trainer:
         # arrival bias in report.md; learner.duration_weighting="inverse_inclusion").
         self.arrivals = ArrivalModel()
         self._step_shapes: set[tuple[int, int]] = set()  # batch shapes the step compiled for
-        self.frozen = self.learner.shard_params(comps.params)  # never updated
+        initial = self.learner.shard_params(comps.params)
+        # The frozen copy (never updated) samples on the sampler's devices; the learner keeps
+        # one on its own mesh only as the KL reference.
+        self.frozen = initial if not self.split else self.publisher.place(comps.params)
+        self.reference = initial if self.learner.config.uses_ref else None
         if latest is None:
-            self.state = self.learner.init_state(self.frozen,
-                                                 jax.random.PRNGKey(config.seed))
+            self.state = self.learner.init_state(initial, jax.random.PRNGKey(config.seed))
         else:
             self.state, meta = self.ckpt.restore(self.learner.abstract_state(), latest)
             self.loop = LoopState(**meta["loop"])
@@ -174,6 +190,7 @@ class _Trainer:
                 self.arrivals.stop_in_flight()
             log.info("resumed from step %d (policy version %d, %.0f s of RL done)",
                      self.loop.step, self.loop.version, self.loop.wall_s)
+        self.publisher.publish(self.state.policy_params, self.loop.version)
 
     # --------------------------------------------------------------------- set-up
     def _services(self) -> tuple[GenerationService, GenerationService | None]:
@@ -181,15 +198,16 @@ class _Trainer:
         samp = cfg.sampling
         key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 1_000_003 + self.loop.step)
         policy = GenerationService(
-            c.sampler, lambda: (self.state.policy_params, self.loop.version), self.lane,
-            jax.random.fold_in(key, 0), max_batch=samp.max_batch, max_wait_s=samp.max_wait_s,
+            c.sampler, self.publisher.latest, self.sampler_lane, jax.random.fold_in(key, 0),
+            max_batch=samp.max_batch, max_wait_s=samp.max_wait_s, busy=self.sampler_busy,
             max_new_tokens=cfg.prompt.max_response_tokens, temperature=samp.temperature,
             top_p=samp.top_p, top_k=samp.top_k)
         frozen = None
         if cfg.instrument.mode == "lm":
             frozen = GenerationService(
-                c.sampler, lambda: (self.frozen, -1), self.lane, jax.random.fold_in(key, 1),
-                max_batch=samp.max_batch, max_wait_s=samp.max_wait_s,
+                c.sampler, lambda: (self.frozen, -1), self.sampler_lane,
+                jax.random.fold_in(key, 1), max_batch=samp.max_batch,
+                max_wait_s=samp.max_wait_s, busy=self.sampler_busy,
                 max_new_tokens=cfg.instrument.max_new_tokens,
                 temperature=cfg.instrument.temperature)
         return policy, frozen
@@ -282,6 +300,10 @@ class _Trainer:
             for c in await pool.stop():
                 self.explog.append({**c, "cancelled": True, "selected": False})
                 self.arrivals.cancelled(c["episode_id"], c["elapsed_s"], at_shutdown=True)
+            # Finished while the last batch trained, taken by no batch: logged all the same
+            # (accepted like any other, untrained only because the run ended).
+            for f in pool.drain():
+                self._accept(f)
             for svc in (policy, frozen):
                 if svc is not None:
                     await svc.stop()
@@ -290,6 +312,7 @@ class _Trainer:
         self.explog.close()
         self.metrics.close()
         self.lane.shutdown()
+        self.sampler_lane.shutdown()
         plot_metrics(self.workdir / "metrics.jsonl", self.workdir / "plots")
         return {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
                 "slots": pool.stats().to_dict(), "instrument": instrumenter.metrics()}
@@ -338,7 +361,8 @@ class _Trainer:
         return exp
 
     def _learn(self, batch: list[Experience]) -> dict[str, float]:
-        """Runs on the device lane: batch → (old values, ref log-probs if needed) → train_step."""
+        """Runs on the learner's lane: batch → (old values, ref log-probs if needed) →
+        train_step → the new version published to the sampler."""
         cfg = self.config
         arrays = build_batch(batch, cfg.prompt.max_prompt_tokens, cfg.prompt.max_response_tokens,
                              self.c.tokenizer.pad_id, cfg.run.duration_source,
@@ -363,7 +387,7 @@ class _Trainer:
         if learner.config.duration_weighting.replace("-", "_") == "inverse_inclusion":
             arrays["inclusion"] = self.arrivals.inclusion(arrays["dt_s"])
         if learner.config.uses_ref:
-            arrays["ref_logprobs"] = learner.compute_logprobs(self.frozen, tokens, mask)
+            arrays["ref_logprobs"] = learner.compute_logprobs(self.reference, tokens, mask)
         self.state, metrics = learner.train_step(self.state, arrays)
         out = {k: float(v) for k, v in jax.device_get(metrics).items()}
         # Sampler vs learner log-probs of the same tokens under the same params (only at
@@ -374,8 +398,15 @@ class _Trainer:
             out["learner/behaviour_logp_gap_max"] = behaviour_gap
         self.loop.step += 1
         self.loop.version += 1
+        # After device_get: the step is done, so the sampler's next call waits for the copy
+        # at most, never for the learner.
+        self.publisher.publish(self.state.policy_params, self.loop.version)
         self.loop.episodes_trained += len(batch)
-        out["time/train_step_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        out["time/train_step_s"] = t1 - t0
+        # ~1 with one mesh (the lane is the learner's); with split devices, how much of the
+        # step the sampler sat idle (for want of requests, too).
+        out["sampler/idle_frac_during_learn"] = self.sampler_busy.idle_frac(t0, t1)
         out["learner/seq_len"] = float(tokens.shape[1])
         out["learner/compiled_shapes"] = float(len(self._step_shapes))
         if new_shape:  # this step's time includes compiling the step for the new shape

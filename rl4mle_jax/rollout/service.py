@@ -3,17 +3,24 @@
 Episodes call `await service.generate(prompt_ids)`; the service gathers the requests that
 arrive within `max_wait_s` (up to `max_batch`) into one call of the bucketed, jitted sampler,
 so K concurrent episodes cost one device call rather than K. The device work runs on a
-single-thread executor (the "device lane") shared with the learner, so the event loop, and
-with it every sandbox execution, keeps going while the devices sample or train.
+single-thread executor (a "device lane"), so the event loop, and with it every sandbox
+execution, keeps going while the devices sample or train. With one mesh the lane is shared
+with the learner (sampling waits while a train step runs); with the devices split
+(`mesh.sampler_devices`) the sampler has a lane of its own and never waits for the learner.
+Params are read once per batched call (`get_params`), so new versions are picked up between
+requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -31,6 +38,43 @@ class Generation:
     params_version: int
 
 
+class BusySpans:
+    """When a device lane ran sampler calls: the sampler's idle fraction during learning.
+
+    Services that share a lane share one of these (perf_counter seconds; the last `keep`
+    calls are remembered, plenty for the span of one train step).
+    """
+
+    def __init__(self, keep: int = 4096):
+        self._spans: collections.deque[tuple[float, float]] = collections.deque(maxlen=keep)
+        self._open: float | None = None  # start of the call running now
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        start = time.perf_counter()
+        with self._lock:
+            self._open = start
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._spans.append((start, time.perf_counter()))
+                self._open = None
+
+    def busy_s(self, t0: float, t1: float) -> float:
+        """Seconds of [t0, t1] during which a sampler call ran."""
+        with self._lock:
+            spans = list(self._spans)
+            if self._open is not None:
+                spans.append((self._open, time.perf_counter()))
+        return sum(max(0.0, min(e, t1) - max(s, t0)) for s, e in spans)
+
+    def idle_frac(self, t0: float, t1: float) -> float:
+        """Share of [t0, t1] without a sampler call (idle for want of requests counts too)."""
+        return 1.0 - self.busy_s(t0, t1) / (t1 - t0) if t1 > t0 else 0.0
+
+
 @dataclasses.dataclass
 class _Request:
     prompt_ids: list[int]
@@ -42,9 +86,12 @@ class GenerationService:
 
     Args:
       sampler: a `rl4mle_jax.sampling.Sampler`.
-      get_params: returns `(params, version)`; read at each batch, so new policy versions are
-        picked up as soon as the learner publishes them.
-      device_lane: the executor device work runs on (share one between services and learner).
+      get_params: returns `(params, version)`; read once per batched call (so each Generation
+        carries the version that produced all its tokens) and new policy versions are picked
+        up as soon as the learner publishes them (`rollout.publish.WeightPublisher.latest`).
+      device_lane: the executor device work runs on (the learner's with one mesh, the
+        sampler's own with split devices; services on the same devices share one).
+      busy: where the lane's sampler calls are recorded (share it with the lane).
       sampling: keyword arguments for `sampler.generate` (temperature, top_p, top_k, ...).
     """
 
@@ -56,9 +103,11 @@ class GenerationService:
         rng: jax.Array,
         max_batch: int = 8,
         max_wait_s: float = 0.05,
+        busy: BusySpans | None = None,
         **sampling: Any,
     ):
         self.sampler = sampler
+        self.busy = BusySpans() if busy is None else busy
         self.get_params = get_params
         self.device_lane = device_lane
         self.max_batch = max_batch
@@ -99,6 +148,9 @@ class GenerationService:
             batch = [await self._queue.get()]
             deadline = loop.time() + self.max_wait_s
             while len(batch) < self.max_batch:
+                if not self._queue.empty():  # already waiting: take it (wait_for(…, 0)
+                    batch.append(self._queue.get_nowait())  # would time out first)
+                    continue
                 try:
                     batch.append(await asyncio.wait_for(self._queue.get(),
                                                         max(deadline - loop.time(), 0)))
@@ -117,8 +169,9 @@ class GenerationService:
 
     def _sample(self, batch: list[_Request]) -> list[Generation]:
         params, version = self.get_params()
-        out = self.sampler.generate(params, [r.prompt_ids for r in batch], self._next_rng(),
-                                    **self.sampling)
+        with self.busy.busy():
+            out = self.sampler.generate(params, [r.prompt_ids for r in batch], self._next_rng(),
+                                        **self.sampling)
         self.calls += 1
         self.requests += len(batch)
         tokens = np.asarray(out.tokens)
