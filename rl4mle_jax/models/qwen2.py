@@ -91,6 +91,19 @@ def apply_rope(x_bthd: jax.Array, cos_btd: jax.Array, sin_btd: jax.Array) -> jax
     return x_bthd * cos + rotated * sin
 
 
+def write_rows(cache_bs: jax.Array, block_bt: jax.Array, index: jax.Array | int) -> jax.Array:
+    """Writes block [B, T, ...] into cache [B, S, ...] at slot `index` (an int, or [B] per row).
+
+    A per-row index lets each batch row (a decode slot of the continuous-batching engine) sit
+    at its own length; a scalar keeps the one shared slot of the static-batch sampler.
+    """
+    zeros = (0,) * (cache_bs.ndim - 2)
+    if jnp.ndim(index) == 0:
+        return jax.lax.dynamic_update_slice(cache_bs, block_bt, (0, index, *zeros))
+    return jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (i, *zeros)))(
+        cache_bs, block_bt, index)
+
+
 class Embed(nn.Module):
     vocab_size: int
     features: int
@@ -140,9 +153,8 @@ class Attention(nn.Module):
         new_kv = None
         if cache_kv is not None:  # write this block at its slots, then attend over all slots
             cache_k, cache_v = cache_kv
-            idx = (0, cache_index, 0, 0)
-            k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), idx)
-            v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), idx)
+            k = write_rows(cache_k, k.astype(cache_k.dtype), cache_index)
+            v = write_rows(cache_v, v.astype(cache_v.dtype), cache_index)
             new_kv = (k, v)
         b, t = q.shape[:2]
         q = q.reshape(b, t, nkv, cfg.num_groups, d)  # query head n uses kv head n // groups
@@ -285,14 +297,15 @@ def forward_with_hidden(config: Qwen2Config, params: Params, tokens_bt: jax.Arra
     else:
         if cache_index is None:
             raise ValueError("forward with a cache needs cache_index (slot of tokens_bt[:, 0])")
-        new_mask = jax.lax.dynamic_update_slice(
-            cache.mask, attention_mask_bt.astype(cache.mask.dtype), (0, cache_index))
-        query_slots = cache_index + jnp.arange(t)
+        new_mask = write_rows(cache.mask, attention_mask_bt.astype(cache.mask.dtype),
+                              cache_index)
+        # [T] for a shared index, [B, T] for one index per row.
+        query_slots = jnp.asarray(cache_index)[..., None] + jnp.arange(t)
         key_mask_bs = new_mask.astype(bool)
         kv = (cache.k, cache.v)
     key_slots = jnp.arange(key_mask_bs.shape[1])
-    causal_ts = key_slots[None, :] <= query_slots[:, None]
-    allowed_bts = causal_ts[None] & key_mask_bs[:, None, :]
+    causal_bts = key_slots <= query_slots[..., None]  # [T, S] or [B, T, S]
+    allowed_bts = causal_bts & key_mask_bs[:, None, :]
     logits_btv, new_kv, hidden = Qwen2(config, remat=remat).apply(
         {"params": params}, tokens_bt, positions_bt, allowed_bts, kv, cache_index)
     new_cache = None if cache is None else KVCache(new_kv[0], new_kv[1], new_mask)
@@ -307,7 +320,8 @@ def forward(config: Qwen2Config, params: Params, tokens_bt: jax.Array, positions
 
     Without a cache, token t attends to tokens <= t whose mask is 1. With a cache, the block is
     written at slots [cache_index, cache_index + T) and attends to every slot <= its own whose
-    cache mask is 1 (the block's own mask is written into the cache mask first).
+    cache mask is 1 (the block's own mask is written into the cache mask first). cache_index is
+    one slot for the whole batch or, as a [B] array, one per row.
     """
     logits_btv, new_cache, _ = forward_with_hidden(config, params, tokens_bt, positions_bt,
                                                    attention_mask_bt, cache, cache_index,
