@@ -222,6 +222,7 @@ def write_report(workdir: Path, config: Any, comps: Any, initial: dict, final: d
         f"({loop.get('episodes_dropped')} dropped as stale), {loop.get('wall_s', 0):.0f} s "
         f"wall-clock. Slot utilisation {slots.get('utilisation', 0):.2f} (a synchronous loop "
         f"on the same episodes: {slots.get('sync_utilisation', 0):.2f}).",
+        *([f"**Stopped early:** {loop['stop_reason']}"] if loop.get("stop_reason") else []),
         "",
         f"## Best-of-N (N = {config.run.eval_samples}; pick made on the reward split)",
         "",

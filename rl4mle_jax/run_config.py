@@ -214,6 +214,27 @@ class RunConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RescueConfig:
+    """SFT rescue (rl/rescue.py): supervised steps on a reference when RL has no signal."""
+
+    enabled: bool = False
+    window_steps: int = 4  # learner batches each rule looks at (and between two rescues)
+    margin: float = 0.05  # reward a reference must beat every recent batch's best by
+    sft_steps: int = 24  # the tiny model: a broken policy 0/8 -> 6/8 valid (1e-3, 24 steps)
+    sft_lr: float = 1e-3
+    patience_steps: int = 8  # batches after a rescue to show reward separation, else stop
+    max_rescues: int = 2
+    reference_file: str = ""  # a user's own solution.py (graded once on the reward split)
+
+    def __post_init__(self):
+        for name in ("window_steps", "sft_steps", "patience_steps"):
+            _need(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        _need(self.max_rescues >= 0, "max_rescues", f"must be >= 0, got {self.max_rescues}")
+        _need(self.sft_lr > 0, "sft_lr", f"must be > 0, got {self.sft_lr}")
+        _need(self.margin >= 0, "margin", f"must be >= 0, got {self.margin}")
+
+
+@dataclasses.dataclass(frozen=True)
 class WarmStartSection:
     """The warm start's switch and cache; its settings are warmstart.WarmStartConfig."""
 
@@ -225,7 +246,7 @@ class WarmStartSection:
 SECTIONS: dict[str, type] = {
     "model": ModelConfig, "prompt": PromptLimits, "sampling": SamplingConfig,
     "instrument": InstrumentConfig, "env": SandboxConfig, "reward": RewardConfig,
-    "learner": LearnerConfig, "mesh": MeshConfig, "run": RunConfig,
+    "learner": LearnerConfig, "mesh": MeshConfig, "run": RunConfig, "rescue": RescueConfig,
 }
 # Warm-start settings that follow c.prompt instead of being set twice.
 WARMSTART_FROM_PROMPT = ("max_prompt_tokens", "max_response_tokens")

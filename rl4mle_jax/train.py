@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from rl4mle_jax import checkpoint as ckpt_lib
 from rl4mle_jax import sharding, study
-from rl4mle_jax.best_of_n import best_of_n, save_eval
+from rl4mle_jax.best_of_n import best_of_n, save_eval, solve_prompt_text
 from rl4mle_jax.components import Components, build_components
 from rl4mle_jax.env.instrument_lm import Instrumenter
 from rl4mle_jax.env.instrument_static import MILESTONES
@@ -44,6 +44,13 @@ from rl4mle_jax.report import brief_eval, write_best_solution, write_report
 from rl4mle_jax.rl.arrival import ArrivalModel
 from rl4mle_jax.rl.batch import old_values_in_step
 from rl4mle_jax.rl.learner import make_learner
+from rl4mle_jax.rl.rescue import (
+    RescueMonitor,
+    best_reference,
+    load_references,
+    sft_batch,
+    sft_update,
+)
 from rl4mle_jax.rollout.buffer import ExperienceLog, SolutionBuffer
 from rl4mle_jax.rollout.collate import build_batch, episode_durations
 from rl4mle_jax.rollout.episode import EpisodeRunner, Experience
@@ -51,6 +58,7 @@ from rl4mle_jax.rollout.pool import RolloutPool
 from rl4mle_jax.rollout.publish import WeightPublisher, param_shardings
 from rl4mle_jax.rollout.service import BusySpans, GenerationService
 from rl4mle_jax.tracking import MetricLogger, plot_metrics
+from rl4mle_jax.warmstart.demo_runs import render_response
 
 log = logging.getLogger("rl4mle_jax.train")
 
@@ -70,11 +78,12 @@ class LoopState:
     episodes_dropped: int = 0  # finished but discarded for staleness (0 under admission control)
     episodes_failed: int = 0  # the episode itself raised (logged with its error)
     episodes_over_staleness: int = 0  # kept although older than run.max_staleness versions
+    stop_reason: str | None = None  # set when the run stops before its budget (rescue.*)
 
 
 # Sections that do not change the initial policy's best-of-N (it samples the warm start and runs
 # the candidates without instrumentation); everything else, and the seed, is in its key.
-_NOT_IN_INITIAL_EVAL = ("learner", "instrument", "mesh", "run")
+_NOT_IN_INITIAL_EVAL = ("learner", "instrument", "mesh", "run", "rescue")
 
 
 def initial_eval_key(config: Any, source: dict[str, Any] | None = None) -> str:
@@ -171,6 +180,10 @@ class _Trainer:
         # Which Δt get trained, from the run's own starts, finishes and cancellations (the
         # arrival bias in report.md; learner.duration_weighting="inverse_inclusion").
         self.arrivals = ArrivalModel()
+        rc = config.rescue  # SFT rescue (rl/rescue.py): off unless rescue.enabled
+        self.rescue = RescueMonitor(rc.window_steps, rc.margin, rc.patience_steps,
+                                    rc.max_rescues)
+        self._references = load_references(comps, rc.reference_file) if rc.enabled else []
         self._step_shapes: set[tuple[int, int]] = set()  # batch shapes the step compiled for
         initial = self.learner.shard_params(comps.params)
         # The frozen copy (never updated) samples on the sampler's devices; the learner keeps
@@ -183,6 +196,8 @@ class _Trainer:
             self.state, meta = self.ckpt.restore(self.learner.abstract_state(), latest)
             self.loop = LoopState(**meta["loop"])
             self.buffer = SolutionBuffer.from_state_dict(meta["buffer"])
+            if "rescue" in meta:
+                self.rescue = RescueMonitor.from_state_dict(meta["rescue"])
             if "arrivals" in meta:
                 self.arrivals = ArrivalModel.from_state_dict(meta["arrivals"])
                 # What was running when the checkpoint was written never finishes in this
@@ -281,6 +296,8 @@ class _Trainer:
                 pool.wake()  # slots waiting for admission may start now
                 self.loop.wall_s = wall0 + time.time() - t_start
                 metrics.update(self._rollout_metrics(batch, pool, instrumenter))
+                if cfg.rescue.enabled:
+                    metrics.update(await self._rescue_check(batch))
                 self.metrics.write(self.loop.step, self.loop.wall_s, metrics)
                 if self.loop.step % run.checkpoint_every == 0 or self._done():
                     self._save()
@@ -319,8 +336,53 @@ class _Trainer:
 
     def _done(self) -> bool:
         run = self.config.run
-        return (self.loop.step >= run.max_steps
+        return (self.loop.step >= run.max_steps or self.loop.stop_reason is not None
                 or (run.time_budget_s > 0 and self.loop.wall_s >= run.time_budget_s))
+
+    # --------------------------------------------------------------------- SFT rescue
+    async def _rescue_check(self, batch: list[Experience]) -> dict[str, float]:
+        """After a learner step: note the batch, finish or give up on the last rescue, or
+        rescue now (rl/rescue.py says when). Each event is a line of rescues.jsonl."""
+        mon = self.rescue
+        mon.observe([e.reward for e in batch], [e.record["status"] == "valid" for e in batch])
+        done = mon.outcome()
+        if done is not None:
+            self._log_rescue({"event": "outcome", "step": self.loop.step, **done})
+        msg = mon.give_up()
+        if msg is not None:
+            log.error("%s", msg)
+            self.loop.stop_reason = msg
+        else:
+            ref = best_reference(self._references, self.buffer.best(), self._fits)
+            reason = mon.reason(ref["reward"] if ref else None)
+            if reason is not None and ref is not None:
+                losses = await asyncio.get_running_loop().run_in_executor(
+                    self.lane, self._sft_rescue, ref)
+                rec = mon.record(reason, ref, losses)
+                self._log_rescue({"event": "rescue", "step": self.loop.step, **rec})
+                log.warning("SFT rescue (%s) on %s (reward %.3f): loss %.3f -> %.3f", reason,
+                            ref["origin"], ref["reward"], losses[0], losses[-1])
+        return {"rescue/count": float(len(mon.rescues))}
+
+    def _fits(self, ref: dict[str, Any]) -> bool:
+        n = len(self.c.tokenizer.encode(render_response(ref["plan"], ref["code"])))
+        return n < self.config.prompt.max_response_tokens
+
+    def _sft_rescue(self, ref: dict[str, Any]) -> list[float]:
+        """On the learner's lane: SFT steps on the reference, published as a new version."""
+        rc, prompt = self.config.rescue, self.config.prompt
+        batch = sft_batch(self.c.tokenizer, solve_prompt_text(self.c),
+                          [render_response(ref["plan"], ref["code"])],
+                          prompt.max_prompt_tokens, prompt.max_response_tokens)
+        self.state, losses = sft_update(self.learner, self.state, batch, rc.sft_lr,
+                                        rc.sft_steps)
+        self.loop.version += 1
+        self.publisher.publish(self.state.policy_params, self.loop.version)
+        return losses
+
+    def _log_rescue(self, record: dict[str, Any]) -> None:
+        with open(self.workdir / "rescues.jsonl", "a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
 
     def _accept(self, f: Any) -> Experience | None:
         """Log a finished episode; keep it for training unless it failed or is too stale."""
@@ -453,7 +515,7 @@ class _Trainer:
         if self.ckpt.latest_step() == self.loop.step:
             return  # this step is saved already
         meta = {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
-                "arrivals": self.arrivals.state_dict(),
+                "arrivals": self.arrivals.state_dict(), "rescue": self.rescue.state_dict(),
                 "config": self.config.to_dict(), "policy_version": self.loop.version,
                 # lets `convert_hf_checkpoint.py --to_hf` export the policy without extra flags
                 "model_config": dataclasses.asdict(self.c.model_config)}

@@ -42,8 +42,12 @@ class Demo:
         return dataclasses.asdict(self)
 
     def response(self) -> str:
-        """The answer an agent gives: the plan, then one fenced Python block."""
-        return f"{self.plan}\n\n```python\n{self.code.rstrip()}\n```"
+        return render_response(self.plan, self.code)
+
+
+def render_response(plan: str, code: str) -> str:
+    """The answer an agent gives: the plan, then one fenced Python block."""
+    return f"{plan}\n\n```python\n{code.rstrip()}\n```"
 
 
 # ----------------------------------------------------------------------------- running
