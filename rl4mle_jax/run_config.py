@@ -71,6 +71,9 @@ class PromptLimits:
             _need(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
 
 
+ENGINES = ("static", "continuous")  # SamplingConfig.engine
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
     """The policy's sampler and its generation service (rollout.service)."""
@@ -82,6 +85,10 @@ class SamplingConfig:
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8)
     max_batch: int = 4  # requests merged into one sampler call
     max_wait_s: float = 0.05
+    # "static": merged requests decode as one batch (rollout.service, the reference);
+    # "continuous": the slot engine (engine.py), requests join and leave between decode steps.
+    engine: str = "static"
+    engine_slots: int = 8  # decode slots of each continuous engine (policy, frozen copy)
 
     def __post_init__(self):
         _need(self.temperature > 0, "temperature",
@@ -94,6 +101,8 @@ class SamplingConfig:
             _need(len(b) > 0 and all(int(x) == x and x >= 1 for x in b), name,
                   f"must be a non-empty tuple of positive integers, got {b}")
         _need(self.max_batch >= 1, "max_batch", f"must be >= 1, got {self.max_batch}")
+        _need(self.engine in ENGINES, "engine", f"{self.engine!r} is not one of {ENGINES}")
+        _need(self.engine_slots >= 1, "engine_slots", f"must be >= 1, got {self.engine_slots}")
         _need(self.max_wait_s >= 0, "max_wait_s", f"must be >= 0, got {self.max_wait_s}")
 
 

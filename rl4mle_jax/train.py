@@ -38,6 +38,7 @@ from rl4mle_jax import checkpoint as ckpt_lib
 from rl4mle_jax import sharding, study
 from rl4mle_jax.best_of_n import best_of_n, save_eval, solve_prompt_text
 from rl4mle_jax.components import Components, build_components
+from rl4mle_jax.engine import Engine
 from rl4mle_jax.env.instrument_lm import Instrumenter
 from rl4mle_jax.env.instrument_static import MILESTONES
 from rl4mle_jax.report import brief_eval, write_best_solution, write_report
@@ -53,6 +54,7 @@ from rl4mle_jax.rl.rescue import (
 )
 from rl4mle_jax.rollout.buffer import ExperienceLog, SolutionBuffer
 from rl4mle_jax.rollout.collate import build_batch, episode_durations
+from rl4mle_jax.rollout.engine_service import EngineService
 from rl4mle_jax.rollout.episode import EpisodeRunner, Experience
 from rl4mle_jax.rollout.pool import RolloutPool
 from rl4mle_jax.rollout.publish import WeightPublisher, param_shardings
@@ -208,24 +210,31 @@ class _Trainer:
         self.publisher.publish(self.state.policy_params, self.loop.version)
 
     # --------------------------------------------------------------------- set-up
-    def _services(self) -> tuple[GenerationService, GenerationService | None]:
-        cfg, c = self.config, self.c
-        samp = cfg.sampling
+    def _services(self) -> tuple[Any, Any | None]:
+        cfg = self.config
         key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 1_000_003 + self.loop.step)
-        policy = GenerationService(
-            c.sampler, self.publisher.latest, self.sampler_lane, jax.random.fold_in(key, 0),
-            max_batch=samp.max_batch, max_wait_s=samp.max_wait_s, busy=self.sampler_busy,
-            max_new_tokens=cfg.prompt.max_response_tokens, temperature=samp.temperature,
-            top_p=samp.top_p, top_k=samp.top_k)
+        policy = self._service(self.publisher.latest, jax.random.fold_in(key, 0),
+                               cfg.prompt.max_response_tokens, cfg.sampling.temperature)
         frozen = None
         if cfg.instrument.mode == "lm":
-            frozen = GenerationService(
-                c.sampler, lambda: (self.frozen, -1), self.sampler_lane,
-                jax.random.fold_in(key, 1), max_batch=samp.max_batch,
-                max_wait_s=samp.max_wait_s, busy=self.sampler_busy,
-                max_new_tokens=cfg.instrument.max_new_tokens,
-                temperature=cfg.instrument.temperature)
+            frozen = self._service(lambda: (self.frozen, -1), jax.random.fold_in(key, 1),
+                                   cfg.instrument.max_new_tokens, cfg.instrument.temperature)
         return policy, frozen
+
+    def _service(self, get_params: Any, key: jax.Array, max_new: int, temperature: float
+                 ) -> Any:
+        """One generation service (policy or frozen copy) on the sampler's lane."""
+        samp, c = self.config.sampling, self.c
+        if samp.engine == "continuous":
+            engine = Engine(c.model_config, c.tokenizer.stop_token_ids, c.tokenizer.pad_id,
+                            num_slots=samp.engine_slots, prompt_buckets=tuple(samp.prompt_buckets),
+                            max_new_tokens=max_new, top_k=samp.top_k, top_p=samp.top_p)
+            return EngineService(engine, get_params, self.sampler_lane, key,
+                                 max_new_tokens=max_new, temperature=temperature)
+        return GenerationService(
+            c.sampler, get_params, self.sampler_lane, key, max_batch=samp.max_batch,
+            max_wait_s=samp.max_wait_s, busy=self.sampler_busy, max_new_tokens=max_new,
+            temperature=temperature, top_p=samp.top_p, top_k=samp.top_k)
 
     # --------------------------------------------------------------------- the loop
     async def run(self) -> dict[str, Any]:

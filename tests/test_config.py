@@ -55,6 +55,7 @@ CHOICES = {
     ("learner", "duration_weighting"): lc.DURATION_MODES,
     ("learner", "off_policy"): lc.OFF_POLICY_MODES,
     ("run", "admission"): run_config.ADMISSION_MODES,
+    ("sampling", "engine"): run_config.ENGINES,
     ("model", "dtype"): ("float32", "bfloat16"),
     ("warmstart.settings", "sandbox_backend"): ("auto", "bwrap", "subprocess"),
 }

@@ -164,3 +164,18 @@ def test_bad_config_fails_before_any_work(tmp_path):
                          timeout=120)
     assert out.returncode != 0 and "slotz" in out.stderr
     assert not (tmp_path / "w").exists()
+
+
+def test_the_loop_runs_on_the_continuous_engine(warm_cache, tmp_path):
+    """sampling.engine=continuous: the policy and the frozen copy sample through engine.py."""
+    from rl4mle_jax.train import train
+
+    cfg = _config(warm_cache, **{"run.max_steps": 1, "run.eval_samples": 0,
+                                 "sampling.engine": "continuous", "sampling.engine_slots": 2})
+    summary = train(cfg, tmp_path / "run")
+    assert summary["loop"]["step"] == 1 and summary["loop"]["episodes_trained"] == 4
+    logged = _records(tmp_path / "run" / "experience.jsonl")
+    done = [e for e in logged if not e.get("cancelled")]
+    assert done and all(e["response_tokens"] > 0 for e in done)
+    inst = summary["instrument"]  # the frozen copy answered through its own engine
+    assert inst.get("instrument/lm_accepted", 0) + inst.get("instrument/lm_rejected", 0) > 0
