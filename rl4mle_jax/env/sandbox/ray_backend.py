@@ -39,6 +39,7 @@ from rl4mle_jax.env.sandbox.common import Limits
 from rl4mle_jax.env.sandbox.result import ExecResult, RemoteSubmission
 
 _INPUTS = "inputs"
+_NODE_SANDBOXES: dict[tuple, Any] = {}  # per Ray worker process: (inner, limits) -> Sandbox
 
 
 def import_ray() -> Any:
@@ -107,21 +108,22 @@ def run_on_node(code: str, digest: str, input_ref: list, limits: dict, env: dict
     ray = import_ray()
     root = Path(tempfile.gettempdir()) / "rl4mle_jax-ray"
     input_dir = node_input_dir(root, digest, lambda: ray.get(input_ref[0]))
-    lim = Limits(**limits)
-    sandbox = Sandbox(inner, timeout_s=lim.timeout_s, memory_mb=lim.memory_mb, cpus=lim.cpus,
-                      max_procs=lim.max_procs, max_file_mb=lim.max_file_mb,
-                      output_bytes=lim.output_bytes, disk_mb=lim.disk_mb,
-                      max_inodes=lim.max_inodes, python=sys.executable,
-                      work_root=root / "runs", max_concurrency=1)
+    key = (inner, tuple(sorted(limits.items())))
+    sandbox = _NODE_SANDBOXES.get(key)
+    if sandbox is None:  # a Ray worker runs many tasks: set the backend up (and check it) once
+        lim = Limits(**limits)
+        sandbox = Sandbox(inner, timeout_s=lim.timeout_s, memory_mb=lim.memory_mb,
+                          cpus=lim.cpus, max_procs=lim.max_procs, max_file_mb=lim.max_file_mb,
+                          output_bytes=lim.output_bytes, disk_mb=lim.disk_mb,
+                          max_inodes=lim.max_inodes, python=sys.executable,
+                          work_root=root / "runs", max_concurrency=1)
+        _NODE_SANDBOXES[key] = sandbox
+    res = sandbox.run(code, input_dir, env=env)
     try:
-        res = sandbox.run(code, input_dir, env=env)
-        try:
-            sub = RemoteSubmission(submission_present(res.workdir),
-                                   read_run_submission(res.workdir, MAX_BYTES))
-        finally:
-            res.cleanup()
+        sub = RemoteSubmission(submission_present(res.workdir),
+                               read_run_submission(res.workdir, MAX_BYTES))
     finally:
-        sandbox.close()
+        res.cleanup()
     out = {f.name: getattr(res, f.name) for f in dataclasses.fields(res)}
     out.update(remote_submission=sub, node=ray.get_runtime_context().get_node_id())
     return out
