@@ -139,22 +139,16 @@ def sft_update(learner: Any, state: Any, batch: dict[str, np.ndarray], lr: float
     import optax
 
     from rl4mle_jax import sharding as shd
-    from rl4mle_jax.warmstart.sft import sft_loss
+    from rl4mle_jax.warmstart.sft import make_sft_step
 
     opt = optax.adam(lr)
-
-    def step(params, opt_state, b):
-        loss, grads = jax.value_and_grad(lambda p: sft_loss(learner.model_config, p, b))(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    step_jit = jax.jit(step, out_shardings=(learner.policy_shardings, None, None))
-    params = state.policy_params
+    step = make_sft_step(learner.model_config, opt)  # the warm start's step; shardings follow
+    params = state.policy_params                     # the sharded params it is given
     opt_state = jax.jit(opt.init)(params)
     b = jax.device_put(batch, shd.replicated(learner.mesh))  # a few rows: on every device
     losses = []
     for _ in range(steps):
-        params, opt_state, loss = step_jit(params, opt_state, b)
+        params, opt_state, loss = step(params, opt_state, b)
         losses.append(float(loss))
     return state.replace(policy_params=params), losses
 
