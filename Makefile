@@ -20,7 +20,7 @@ run: setup
 
 test: setup
 	.venv/bin/ruff check .
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 lint: setup
 	.venv/bin/ruff check .

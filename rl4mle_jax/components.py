@@ -179,5 +179,6 @@ def build_components(config: Any, workdir: Path) -> Components:
         reward_cfg=sections["reward"],
         episode_cfg=EpisodeConfig(improve_prob=config.run.improve_prob, split="reward",
                                   timeout_s=timeout_s,
-                                  instrument_timeout_s=config.instrument.timeout_s),
+                                  instrument_timeout_s=config.instrument.timeout_s,
+                                  reuse_runs=config.run.reuse_runs),
         source=source)

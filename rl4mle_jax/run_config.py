@@ -200,6 +200,10 @@ class RunConfig:
     # Learner batches pad prompt and response to the batch's longest, rounded up to a multiple
     # of this (one compile per shape); 0: to the configured maxima (one shape, more padding).
     length_bucket: int = 64
+    # A program byte-identical to an earlier episode's reuses that run's record and Δt (waiting
+    # out its time, so arrival order holds) up to this many times, then runs afresh
+    # (rollout/run_cache.py). 0: every program runs (the paper).
+    reuse_runs: int = 0
     buffer_size: int = 16
     checkpoint_every: int = 2
     keep_checkpoints: int = 2
@@ -220,6 +224,7 @@ class RunConfig:
         _need(self.admission in ADMISSION_MODES, "admission",
               f"{self.admission!r} is not one of {ADMISSION_MODES}")
         _need(self.max_staleness >= 0, "max_staleness", f"must be >= 0, got {self.max_staleness}")
+        _need(self.reuse_runs >= 0, "reuse_runs", f"must be >= 0, got {self.reuse_runs}")
 
 
 @dataclasses.dataclass(frozen=True)

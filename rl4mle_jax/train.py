@@ -230,7 +230,8 @@ class _Trainer:
                             num_slots=samp.engine_slots, prompt_buckets=tuple(samp.prompt_buckets),
                             max_new_tokens=max_new, top_k=samp.top_k, top_p=samp.top_p)
             return EngineService(engine, get_params, self.sampler_lane, key,
-                                 max_new_tokens=max_new, temperature=temperature)
+                                 max_new_tokens=max_new, temperature=temperature,
+                                 busy=self.sampler_busy)
         return GenerationService(
             c.sampler, get_params, self.sampler_lane, key, max_batch=samp.max_batch,
             max_wait_s=samp.max_wait_s, busy=self.sampler_busy, max_new_tokens=max_new,
@@ -496,6 +497,7 @@ class _Trainer:
             "episode_wall_s/mean": float(np.mean([e.finished_at - e.started_at
                                                   for e in batch])),
             "episodes/improve_rate": float(np.mean([e.kind == "improve" for e in batch])),
+            "episodes/reused_run_rate": float(np.mean([e.reused_run for e in batch])),
             "episodes/staleness_mean": float(np.mean([self.loop.version - 1 - e.params_version
                                                       for e in batch])),
             "episodes/dropped": float(self.loop.episodes_dropped),

@@ -3,6 +3,7 @@ insertion mid-decode, slot reuse over 100 requests, no recompiles, and the async
 
 import asyncio
 import concurrent.futures
+import time
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ import pytest
 from rl4mle_jax.engine import Engine, backend_compiles
 from rl4mle_jax.models import forward, init_cache, load_hf_checkpoint, logits
 from rl4mle_jax.rollout.engine_service import EngineService
+from rl4mle_jax.rollout.service import BusySpans
 from rl4mle_jax.sampling import Sampler
 from tests.test_sampling import NO_STOP, PAD, _hf_greedy, _hf_model, _np_sampling_logprobs
 
@@ -212,9 +214,11 @@ def test_service_versions_cancellation_and_errors(tied):
 
     async def main():
         lane = concurrent.futures.ThreadPoolExecutor(1)
+        busy = BusySpans()
         svc = EngineService(engine, get_params, lane, jax.random.key(0), max_new_tokens=12,
-                            temperature=0.8, top_k=0, max_batch=8)
+                            temperature=0.8, top_k=0, max_batch=8, busy=busy)
         svc.start()
+        t0 = time.perf_counter()
         with pytest.raises(ValueError, match="prompt is empty"):
             await svc.generate([])
         with pytest.raises(ValueError, match="prompt length=17 exceeds the largest bucket"):
@@ -222,6 +226,9 @@ def test_service_versions_cancellation_and_errors(tied):
         with pytest.raises(asyncio.TimeoutError):  # a cancelled request frees its slot
             await asyncio.wait_for(svc.generate([4, 5]), timeout=0.001)
         gens = await asyncio.gather(*(svc.generate(p) for p in PROMPTS))
+        t1 = time.perf_counter()
+        # the engine's lane jobs are recorded, so the loop's sampler idle fraction is real
+        assert 0.0 < busy.busy_s(t0, t1) <= t1 - t0 and busy.idle_frac(t0, t1) < 1.0
         assert engine.idle  # the cancelled request left too
         await svc.stop()
         lane.shutdown()

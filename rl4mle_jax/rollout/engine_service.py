@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl4mle_jax.engine import Engine
-from rl4mle_jax.rollout.service import Generation
+from rl4mle_jax.rollout.service import BusySpans, Generation
 
 
 @dataclasses.dataclass
@@ -60,6 +60,8 @@ class EngineService:
         limit by default; temperature 0 = greedy). top_k/top_p, if given, must equal the
         engine's: they are fixed when it compiles.
       max_slice_s: longest stretch of steps per device-lane job (others wait that long at most).
+      busy: where the lane's engine jobs are recorded (share it with the lane), as
+        `GenerationService` does, so the sampler's idle fraction during learning is measured.
       max_batch, max_wait_s: accepted for `GenerationService` compatibility and unused (the
         batch is the engine's slots, and nothing waits for a batch to form).
     """
@@ -77,6 +79,7 @@ class EngineService:
         max_slice_s: float = 0.1,
         max_batch: int | None = None,
         max_wait_s: float | None = None,
+        busy: BusySpans | None = None,
     ):
         del max_batch, max_wait_s
         for name, want in (("top_p", top_p), ("top_k", top_k)):
@@ -90,6 +93,7 @@ class EngineService:
         self.max_new_tokens = engine.max_new_tokens if max_new_tokens is None else max_new_tokens
         self.temperature = temperature
         self.max_slice_s = max_slice_s
+        self.busy = BusySpans() if busy is None else busy
         engine.check_request([0], self.max_new_tokens, temperature)
         if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
             rng = jax.random.key_data(rng)
@@ -149,7 +153,7 @@ class EngineService:
         while True:
             await self._work.wait()
             self._work.clear()  # before the job looks at the inbox: later arrivals set it again
-            self._job = self.device_lane.submit(self._run)
+            self._job = self.device_lane.submit(self._run_busy)
             await asyncio.wrap_future(self._job)
             self._job = None
             if not self.engine.idle:
@@ -170,6 +174,10 @@ class EngineService:
         for rid in [rid for rid, f in self._futures.items() if f.done()]:
             self.engine.cancel(rid)
             del self._futures[rid]
+
+    def _run_busy(self) -> None:
+        with self.busy.busy():
+            self._run()
 
     def _run(self) -> None:
         """Steps until idle or the slice ends, handing each result to the event loop."""

@@ -19,6 +19,7 @@ from rl4mle_jax.env.actions import extract_action
 from rl4mle_jax.env.instrument_lm import Instrumenter
 from rl4mle_jax.env.reward import RewardConfig
 from rl4mle_jax.rollout.buffer import SolutionBuffer
+from rl4mle_jax.rollout.run_cache import RunCache
 from rl4mle_jax.rollout.service import GenerationService
 
 
@@ -42,6 +43,7 @@ class Experience:
     duration_s: float  # the program's own time in the sandbox (0 when nothing ran)
     timings: dict[str, float]  # seconds: sample_s, instrument_s, sandbox_wall_s, grade_s
     parent_episode: int | None = None  # for improve prompts: the solution being improved
+    reused_run: bool = False  # the run of an identical earlier program (rollout/run_cache.py)
 
     def log_record(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """The experience-log line (token ids left out; the code and every reward part kept)."""
@@ -58,6 +60,7 @@ class EpisodeConfig:
     split: str = "reward"  # RL is never rewarded on the private test labels
     timeout_s: float = 60.0
     instrument_timeout_s: float = 120.0  # the frozen copy's answer; then static fallback
+    reuse_runs: int = 0  # reuses of an identical program's run (rollout/run_cache.py); 0: none
 
 
 class EpisodeRunner:
@@ -74,6 +77,7 @@ class EpisodeRunner:
         self.frozen = frozen
         self.rng = rng or random.Random(0)
         self.chat_template = tokenizer.apply_chat_template if tokenizer.is_chat else None
+        self.run_cache = RunCache(cfg.reuse_runs)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
@@ -107,20 +111,14 @@ class EpisodeRunner:
         response = self.tokenizer.decode(gen.response_ids, skip_special_tokens=True)
         action = extract_action(response)
 
-        duration_s = 0.0
+        duration_s, reused = 0.0, False
         if not action.ok:
             record = execute.no_run_record(action, self.cfg.split, self.reward_cfg).reward
         else:
-            t = time.perf_counter()
-            program = await self._instrument(action.code)
-            timings["instrument_s"] = time.perf_counter() - t
-            run = await execute.arun_and_grade(action.code, self.task, self.sandbox,
-                                               split=self.cfg.split, program=program,
-                                               cfg=self.reward_cfg,
-                                               timeout_s=self.cfg.timeout_s, action=action)
-            timings.update(sandbox_wall_s=run.timings["sandbox_wall_s"],
-                           grade_s=run.timings["grade_s"])
-            duration_s, record = run.duration_s, run.reward
+            key = RunCache.key(action.code, self.cfg.split, self.cfg.timeout_s)
+            (record, duration_s, run_timings), reused = await self.run_cache.get(
+                key, lambda: self._run(action))
+            timings.update(run_timings)
 
         rec = record.to_dict()
         parent = request.get("parent")
@@ -131,7 +129,20 @@ class EpisodeRunner:
             plan=action.plan, code=action.code, response_stopped=gen.stopped,
             started_at=started, finished_at=time.time(), duration_s=duration_s,
             timings=timings,
-            parent_episode=parent.get("episode_id") if parent else None)
+            parent_episode=parent.get("episode_id") if parent else None, reused_run=reused)
+
+    async def _run(self, action: Any) -> tuple[Any, float, dict[str, float]]:
+        """Instrument, execute, grade: (reward record, Δt in the sandbox, timings)."""
+        t = time.perf_counter()
+        program = await self._instrument(action.code)
+        timings = {"instrument_s": time.perf_counter() - t}
+        run = await execute.arun_and_grade(action.code, self.task, self.sandbox,
+                                           split=self.cfg.split, program=program,
+                                           cfg=self.reward_cfg, timeout_s=self.cfg.timeout_s,
+                                           action=action)
+        timings.update(sandbox_wall_s=run.timings["sandbox_wall_s"],
+                       grade_s=run.timings["grade_s"])
+        return run.reward, run.duration_s, timings
 
     async def _instrument(self, code: str) -> Any:
         """LM instrumentation by the frozen copy (verified; static fallback) or static/none."""

@@ -341,6 +341,40 @@ def test_loop_episode_scores_hostile_programs(task, sandbox, code, status):
     assert not _runs_left(sandbox)
 
 
+def test_loop_reuses_an_identical_programs_run(task, sandbox, monkeypatch):
+    """run.reuse_runs: the same code twice runs once (same record and Δt); its reuses spent,
+    it runs afresh; a hostile program reused keeps its failure."""
+    tok = _TextTokenizer()
+    pcfg = prompts_lib.PromptConfig(max_prompt_tokens=8192, max_response_tokens=4096)
+    ctx = prompts_lib.task_context(task, ["pandas", "scikit-learn"], cfg=pcfg)
+    runs = []
+    real_arun = sandbox.arun
+
+    async def counting_arun(*a, **kw):
+        runs.append(1)
+        return await real_arun(*a, **kw)
+    monkeypatch.setattr(sandbox, "arun", counting_arun)
+
+    async def episodes(code, n):
+        runner = EpisodeRunner(
+            task=task, tokenizer=tok, policy=_ScriptedPolicy(f"Plan.\n```python\n{code}```"),
+            sandbox=sandbox, instrumenter=Instrumenter("static"), buffer=SolutionBuffer(),
+            context=ctx, cfg=EpisodeConfig(timeout_s=60, reuse_runs=1),
+            reward_cfg=RewardConfig(), prompt_cfg=pcfg)
+        return [await runner(runner.make_request(i)) for i in range(n)]
+
+    honest = asyncio.run(episodes(HONEST, 3))
+    assert len(runs) == 2 and [e.reused_run for e in honest] == [False, True, False]
+    assert honest[1].record == honest[0].record and honest[1].duration_s == honest[0].duration_s
+    assert honest[0].record["status"] == "valid"
+    assert honest[1].finished_at - honest[1].started_at >= 0.9 * honest[0].timings[
+        "sandbox_wall_s"]  # the reuse waited out the original's time
+    forged = asyncio.run(episodes(FORGERS[0], 2))
+    assert [e.record["status"] for e in forged] == ["failure", "failure"]
+    assert forged[1].reused_run and len(runs) == 3
+    assert not _runs_left(sandbox)
+
+
 @pytest.mark.parametrize("code", ["1+" * 100_000 + "1", "-" * 100_000 + "1",
                                   "x = " + "[" * 5000 + "]" * 5000])
 def test_code_too_deep_to_compile_is_a_named_failure(code):
