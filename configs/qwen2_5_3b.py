@@ -35,6 +35,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mesh.fsdp = -1  # all devices
     c.run.batch_size = 128
     c.run.slots = 128
+    c.run.reuse_runs = 0  # every program runs, as in the paper
     c.run.time_budget_s = 24 * 3600.0
     c.run.max_steps = 100_000
     c.run.checkpoint_every = 10

@@ -25,6 +25,13 @@ OVERRIDES = {
         "timeout_s": 0.0,  # 0: the task's own limit (task.json)
         "memory_mb": 4096,
     },
+    "run": {
+        # 8 episodes in flight, and a program identical to an earlier one reuses its run (at
+        # most 4 times; it waits out the original's time, so arrivals keep their order): on 2
+        # cores 25 learner steps in 300 s instead of 14 (README, "The embedded default").
+        "slots": 8,
+        "reuse_runs": 4,
+    },
     "learner": {
         "actor_lr": 3e-5,
         "critic_lr": 1e-4,

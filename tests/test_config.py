@@ -32,7 +32,10 @@ from rl4mle_jax.warmstart.config import WarmStartConfig  # noqa: E402
 FROZEN = json.loads((Path(__file__).with_name("config_frozen.json")).read_text())
 CHANGED = {
     # issue 11: best-of-32 resolves a valid-rate change of 0.25; best-of-8 does not
-    "task": {"run.eval_samples": 32},
+    "task": {"run.eval_samples": 32,
+             # 8 slots + run reuse: 25 learner steps in 300 s instead of 14 (README)
+             "run.slots": 8},
+    "ablations": {"base.run.slots": 8},
 }
 for _name, _values in CHANGED.items():
     FROZEN[_name].update(_values)
@@ -261,3 +264,9 @@ def test_duration_floor_reaches_the_batch():
     assert default.tolist() == pytest.approx([0.05, 2.0])
     floored = build_batch(exps, 2, 2, 0, "execution", duration_floor_s=0.5)["dt_s"]
     assert floored.tolist() == pytest.approx([0.5, 2.0])
+
+
+def test_paper_config_runs_every_program():
+    """Run reuse (run.reuse_runs) is the CPU default's; the paper's setting runs every program."""
+    assert qwen2_5_3b.get_config().run.reuse_runs == 0
+    assert task_config.get_config().run.reuse_runs > 0
