@@ -45,6 +45,7 @@ class Sandbox:
     threads of the run. max_file_mb: largest file it may write. disk_mb / max_inodes: bytes and
     entries of its whole run dir (tmpfs). output_bytes: kept per stream (head+tail).
     python: host interpreter whose libraries programs may import (default: this one).
+    image: the "docker" backend's image (built locally by scripts/docker_image.sh).
     ray_inner / ray_address: the "ray" backend's sandbox on each node, and the cluster to join
     (default: $RAY_ADDRESS, else a local Ray started here; see ray_backend.py).
     """
@@ -54,7 +55,7 @@ class Sandbox:
                  max_file_mb: int | None = 1024, output_bytes: int = 256 * 1024,
                  disk_mb: int | None = 1024, max_inodes: int | None = 16384,
                  python: str | None = None, work_root: str | Path | None = None,
-                 image: str = "python:3.11-slim", max_concurrency: int = 64,
+                 image: str = "rl4mle-sandbox:local", max_concurrency: int = 64,
                  docker_client: Any = None, ray_inner: str = "bwrap",
                  ray_address: str | None = None):
         if backend not in BACKENDS:
