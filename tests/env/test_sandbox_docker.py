@@ -25,46 +25,18 @@ docker = pytest.importorskip("docker", reason="the docker extra: pip install -e 
 from rl4mle_jax.env.execute import run_and_grade  # noqa: E402
 from rl4mle_jax.env.sandbox import Sandbox  # noqa: E402
 from rl4mle_jax.env.sandbox.docker_backend import DEFAULT_IMAGE, LABEL  # noqa: E402
-from rl4mle_jax.env.tasks import prepare_task  # noqa: E402
-from tests.env.test_execute import (  # noqa: E402
-    CONSTANT,
-    FORGERS,
-    HONEST,
-    SECRET,
-    _assert_no_host_content,
-    _link_program,
+from tests.env.backend_parity import (  # noqa: E402
+    HOSTILE,
+    HOSTILE_MORE,
+    hostile_program,
+    record,
+    task_for_tests,
 )
-from tests.env.test_reward_hacking import FAKE_NONCE, FIT_NOT_REACHED, PRINT_STRINGS  # noqa: E402
+from tests.env.test_execute import HONEST, _assert_no_host_content  # noqa: E402
 
 LOCAL = "bwrap" if shutil.which("bwrap") else "subprocess"
-KEYS = ("status", "failure_reason", "reward", "milestones", "score", "submission_exists")
 HOW = "start an engine and build the image with `bash scripts/docker_engine.sh start` (as root)"
 ROOT = os.geteuid() == 0
-
-FIT = ("from sklearn.linear_model import LogisticRegression\n"
-       "LogisticRegression().fit([[0], [1]], [0, 1])\n")
-FORK_BOMB = FIT + textwrap.dedent("""\
-    import os, time
-    n = 0
-    try:
-        while True:
-            if os.fork() == 0:
-                time.sleep(30)
-                os._exit(0)
-            n += 1
-    except OSError as e:
-        print("fork refused after", n, type(e).__name__, flush=True)
-        raise SystemExit(3)
-    """)
-MEMORY_HOG = FIT + "x = bytearray(64 << 30)\n"
-NETWORK = FIT + textwrap.dedent("""\
-    import socket
-    socket.create_connection(("1.1.1.1", 53), timeout=3)
-    open("submission/submission.csv", "w").write("id,churn\\n")
-    """)
-TOO_LARGE = FIT + ("import os\nf = open('submission/submission.csv', 'w'); f.write('id,churn\\n')\n"
-                   "f.close(); os.truncate('submission/submission.csv', 70 << 20)\n")
-
 
 def _engine():
     try:
@@ -90,7 +62,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
-    return prepare_task("telco-churn", tmp_path_factory.mktemp("data"), reference="recorded")
+    return task_for_tests(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +73,6 @@ def sandboxes(engine, tmp_path_factory):
     yield dock, local
     dock.close()
     local.close()
-
-
-def _record(run):
-    rec = run.reward.to_dict()
-    return {k: rec[k] for k in KEYS}
 
 
 def _left(engine, sb) -> list:
@@ -131,7 +98,7 @@ def test_honest_program_same_record_as_bwrap(engine, task, sandboxes):
     t2 = time.monotonic()
     print(f"honest run: {LOCAL} {t1 - t0:.2f} s, docker {t2 - t1:.2f} s")
     assert run.reward.status == "valid", run.reward.to_json()
-    assert _record(run) == _record(here)
+    assert record(run) == record(here)
     assert run.exec["backend"] == "docker" and run.reward.duration_s > 0
     if ROOT:  # the same launcher and witness as bwrap
         assert run.reward.evidence_source == here.reward.evidence_source == "witness"
@@ -139,36 +106,14 @@ def test_honest_program_same_record_as_bwrap(engine, task, sandboxes):
     assert not _left(engine, dock)
 
 
-@pytest.mark.parametrize("name", ["answers", "test_answers", "passwd", "host_secret",
-                                  "answers_dir", "forger", "forger_listdir", "fake_nonce",
-                                  "print_strings", "constant", "fit_not_reached", "too_large",
-                                  "fork_bomb", "memory_hog", "network"])
-def test_hostile_programs_get_the_local_record(engine, task, sandboxes, tmp_path, name):
+@pytest.mark.parametrize("name", HOSTILE + HOSTILE_MORE)  # the ray test's and four more
+def test_hostile_programs_get_the_localrecord(engine, task, sandboxes, tmp_path, name):
     dock, local = sandboxes
-    (tmp_path / "secret.txt").write_text(SECRET + "\n")
-    tmp_path.chmod(0o755)
-    code, split = {  # the classes of tests/env/test_sandbox_ray.py, and three more
-        "answers": (_link_program(repr(str(task.answers_path("reward")))), "reward"),
-        "test_answers": (_link_program(repr(str(task.answers_path("test")))), "test"),
-        "passwd": (_link_program("'/etc/passwd'"), "reward"),
-        "host_secret": (_link_program(repr(str(tmp_path / "secret.txt"))), "reward"),
-        "answers_dir": (_link_program(repr(str(task.answers_path("reward").parent)),
-                                      whole_dir=True), "reward"),
-        "forger": (FORGERS[0], "reward"),
-        "forger_listdir": (FORGERS[1], "reward"),
-        "fake_nonce": (FAKE_NONCE, "reward"),
-        "print_strings": (PRINT_STRINGS, "reward"),
-        "constant": (CONSTANT, "reward"),
-        "fit_not_reached": (FIT_NOT_REACHED, "reward"),
-        "too_large": (TOO_LARGE, "reward"),
-        "fork_bomb": (FORK_BOMB, "reward"),
-        "memory_hog": (MEMORY_HOG, "reward"),
-        "network": (NETWORK, "reward"),
-    }[name]
+    code, split = hostile_program(name, task, tmp_path)
     run = run_and_grade(code, task, dock, split=split)
     want = run_and_grade(code, task, local, split=split)
     assert run.reward.status != "valid", run.reward.to_json()
-    assert _record(run) == _record(want), (run.exec["stderr"][-800:], want.exec["stderr"][-800:])
+    assert record(run) == record(want), (run.exec["stderr"][-800:], want.exec["stderr"][-800:])
     _assert_no_host_content(run, task, split)
     if name == "fork_bomb":
         forked = re.search(r"fork refused after (\d+)", run.exec["stdout"])

@@ -16,20 +16,11 @@ ray = pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'"
 
 from rl4mle_jax.env.execute import run_and_grade  # noqa: E402
 from rl4mle_jax.env.sandbox import Sandbox, ray_backend  # noqa: E402
-from rl4mle_jax.env.tasks import prepare_task  # noqa: E402
-from tests.env.test_execute import (  # noqa: E402
-    CONSTANT,
-    FORGERS,
-    HONEST,
-    SECRET,
-    _assert_no_host_content,
-    _link_program,
-)
-from tests.env.test_reward_hacking import FAKE_NONCE, FIT_NOT_REACHED, PRINT_STRINGS  # noqa: E402
+from tests.env.backend_parity import HOSTILE, hostile_program, record, task_for_tests  # noqa: E402
+from tests.env.test_execute import HONEST, _assert_no_host_content  # noqa: E402
 
 INNER = "bwrap" if shutil.which("bwrap") else "subprocess"
 NODE_RUNS = Path(tempfile.gettempdir()) / "rl4mle_jax-ray" / "runs"
-KEYS = ("status", "failure_reason", "reward", "milestones", "score", "submission_exists")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +35,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
-    return prepare_task("telco-churn", tmp_path_factory.mktemp("data"), reference="recorded")
+    return task_for_tests(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +48,6 @@ def sandboxes(cluster, tmp_path_factory):
     local.close()
 
 
-def _record(run):
-    rec = run.reward.to_dict()
-    return {k: rec[k] for k in KEYS}
-
-
 def _node_runs_left():
     return [p for p in NODE_RUNS.glob("run_*")] if NODE_RUNS.is_dir() else []
 
@@ -72,7 +58,7 @@ def test_honest_program_same_record_as_local_and_input_shipped_once(task, sandbo
     here = run_and_grade(HONEST, task, local)
     for run in runs:
         assert run.reward.status == "valid", run.reward.to_json()
-        assert _record(run) == _record(here)  # same bytes graded the same way, here
+        assert record(run) == record(here)  # same bytes graded the same way, here
         assert run.reward.duration_s > 0  # Δt as measured on the node
         assert any(w.startswith("ray: ran on node") for w in run.exec["warnings"])
     assert remote._backend.puts == 1  # one split, one content: shipped once
@@ -81,36 +67,14 @@ def test_honest_program_same_record_as_local_and_input_shipped_once(task, sandbo
     assert not _node_runs_left()
 
 
-@pytest.mark.parametrize("name", ["answers", "test_answers", "passwd", "host_secret",
-                                  "answers_dir", "forger", "fake_nonce", "print_strings",
-                                  "constant", "fit_not_reached", "too_large"])
-def test_hostile_programs_get_the_local_record(task, sandboxes, tmp_path, name):
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_programs_get_the_localrecord(task, sandboxes, tmp_path, name):
     remote, local = sandboxes
-    (tmp_path / "secret.txt").write_text(SECRET + "\n")
-    tmp_path.chmod(0o755)
-    code, split = {
-        "answers": (_link_program(repr(str(task.answers_path("reward")))), "reward"),
-        "test_answers": (_link_program(repr(str(task.answers_path("test")))), "test"),
-        "passwd": (_link_program("'/etc/passwd'"), "reward"),
-        "host_secret": (_link_program(repr(str(tmp_path / "secret.txt"))), "reward"),
-        "answers_dir": (_link_program(repr(str(task.answers_path("reward").parent)),
-                                      whole_dir=True), "reward"),
-        "forger": (FORGERS[0], "reward"),
-        "fake_nonce": (FAKE_NONCE, "reward"),
-        "print_strings": (PRINT_STRINGS, "reward"),
-        "constant": (CONSTANT, "reward"),
-        "fit_not_reached": (FIT_NOT_REACHED, "reward"),
-        # over every task's cap: refused on the node before any bytes are read
-        "too_large": ("import os\nfrom sklearn.linear_model import LogisticRegression\n"
-                      "LogisticRegression().fit([[0], [1]], [0, 1])\n"
-                      "f = open('submission/submission.csv', 'w'); f.write('id,churn\\n')\n"
-                      "f.close(); os.truncate('submission/submission.csv', 70 << 20)\n",
-                      "reward"),
-    }[name]
+    code, split = hostile_program(name, task, tmp_path)
     run = run_and_grade(code, task, remote, split=split)
     want = run_and_grade(code, task, local, split=split)
     assert run.reward.status != "valid", run.reward.to_json()
-    assert _record(run) == _record(want)
+    assert record(run) == record(want)
     _assert_no_host_content(run, task, split)
     assert not _node_runs_left()
 
