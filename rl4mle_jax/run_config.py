@@ -200,6 +200,11 @@ class RunConfig:
     # Learner batches pad prompt and response to the batch's longest, rounded up to a multiple
     # of this (one compile per shape); 0: to the configured maxima (one shape, more padding).
     length_bucket: int = 64
+    # Compile the train step ahead, on its own thread while episodes run, for every (P, R) a
+    # batch will have with at least this probability (rollout.collate.ShapeForecast, from the
+    # recent episodes' lengths): the first step at a shape then waits for no compile.
+    precompile: bool = True
+    precompile_min_prob: float = 0.1
     # A program byte-identical to an earlier episode's reuses that run's record and Δt (waiting
     # out its time, so arrival order holds) up to this many times, then runs afresh
     # (rollout/run_cache.py). 0: every program runs (the paper).
@@ -221,6 +226,8 @@ class RunConfig:
               f"must be >= 0, got {self.duration_floor_s}")
         _need(0.0 <= self.improve_prob <= 1.0, "improve_prob", "must be in [0, 1]")
         _need(self.length_bucket >= 0, "length_bucket", f"must be >= 0, got {self.length_bucket}")
+        _need(0.0 < self.precompile_min_prob <= 1.0, "precompile_min_prob",
+              f"must be in (0, 1], got {self.precompile_min_prob}")
         _need(self.admission in ADMISSION_MODES, "admission",
               f"{self.admission!r} is not one of {ADMISSION_MODES}")
         _need(self.max_staleness >= 0, "max_staleness", f"must be >= 0, got {self.max_staleness}")

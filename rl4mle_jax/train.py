@@ -18,6 +18,7 @@ A run killed at any point resumes from its last checkpoint with the same command
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -53,7 +54,12 @@ from rl4mle_jax.rl.rescue import (
     sft_update,
 )
 from rl4mle_jax.rollout.buffer import ExperienceLog, SolutionBuffer
-from rl4mle_jax.rollout.collate import build_batch, episode_durations
+from rl4mle_jax.rollout.collate import (
+    ShapeForecast,
+    bucket_length,
+    build_batch,
+    episode_durations,
+)
 from rl4mle_jax.rollout.engine_service import EngineService
 from rl4mle_jax.rollout.episode import EpisodeRunner, Experience
 from rl4mle_jax.rollout.pool import RolloutPool
@@ -186,7 +192,13 @@ class _Trainer:
         self.rescue = RescueMonitor(rc.window_steps, rc.margin, rc.patience_steps,
                                     rc.max_rescues)
         self._references = load_references(comps, rc.reference_file) if rc.enabled else []
-        self._step_shapes: set[tuple[int, int]] = set()  # batch shapes the step compiled for
+        self._step_shapes: set[tuple[int, int]] = set()  # (P, R) the step has run at
+        # The step compiled ahead for the shapes the next batches will likely have.
+        self.shapes = ShapeForecast(run.batch_size, config.prompt.max_prompt_tokens,
+                                    config.prompt.max_response_tokens, run.length_bucket)
+        self._compiler = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="compile-ahead")
+        self._compiling: dict[tuple[int, int], concurrent.futures.Future] = {}
         initial = self.learner.shard_params(comps.params)
         # The frozen copy (never updated) samples on the sampler's devices; the learner keeps
         # one on its own mesh only as the KL reference.
@@ -288,6 +300,7 @@ class _Trainer:
                 bar.n = min(self.loop.wall_s, run.time_budget_s)
                 bar.set_postfix(postfix, refresh=True)
         ready: list[Experience] = []
+        recent: collections.deque[Experience] = collections.deque(maxlen=run.batch_size)
         try:
             while not self._done():
                 finished = await pool.get_batch(1, timeout_s=5.0)
@@ -297,6 +310,9 @@ class _Trainer:
                     exp = self._accept(f)
                     if exp is not None:
                         ready.append(exp)
+                        self.shapes.observe(len(exp.prompt_ids), len(exp.response_ids))
+                        recent.append(exp)
+                self._precompile_ahead(list(recent))
                 if len(ready) < run.batch_size:
                     continue
                 batch, ready = ready[:run.batch_size], ready[run.batch_size:]
@@ -340,6 +356,7 @@ class _Trainer:
         self.metrics.close()
         self.lane.shutdown()
         self.sampler_lane.shutdown()
+        self._compiler.shutdown(cancel_futures=True)
         plot_metrics(self.workdir / "metrics.jsonl", self.workdir / "plots")
         return {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
                 "slots": pool.stats().to_dict(), "instrument": instrumenter.metrics()}
@@ -432,34 +449,92 @@ class _Trainer:
             return None
         return exp
 
-    def _learn(self, batch: list[Experience]) -> dict[str, float]:
-        """Runs on the learner's lane: batch → (old values, ref log-probs if needed) →
-        train_step → the new version published to the sampler."""
-        cfg = self.config
+    def _step_arrays(self, batch: list[Experience], pad_to: tuple[int, int] | None = None,
+                     forward: bool = True) -> tuple[dict[str, Any], float | None]:
+        """The train step's batch (and the sampler-vs-learner log-prob gap, when measured).
+        forward=False: the device passes' outputs (old values, reference log-probs) are zeros
+        placed as those passes place them, for compiling the step ahead (values unused)."""
+        cfg, learner = self.config, self.learner
         arrays = build_batch(batch, cfg.prompt.max_prompt_tokens, cfg.prompt.max_response_tokens,
                              self.c.tokenizer.pad_id, cfg.run.duration_source,
-                             cfg.run.duration_floor_s, length_bucket=cfg.run.length_bucket)
-        learner, t0 = self.learner, time.perf_counter()
+                             cfg.run.duration_floor_s, length_bucket=cfg.run.length_bucket,
+                             pad_to=pad_to)
         tokens, mask = arrays["tokens"], arrays["attention_mask"]
+
+        def device_zeros() -> jax.Array:
+            return jax.device_put(np.zeros(tokens.shape, np.float32), learner.batch_sharding)
+
         fresh = np.asarray([e.params_version == self.loop.version for e in batch], np.float32)
-        new_shape = tokens.shape not in self._step_shapes
-        self._step_shapes.add(tokens.shape)
         behaviour_gap = None
         if learner.config.uses_critic and not old_values_in_step(learner.config):
             # Several updates per batch: the advantages need values fixed before the first.
-            out = learner.compute_logprobs_and_values(
-                self.state.policy_params, self.state.critic_params, tokens, mask)
+            out = (learner.compute_logprobs_and_values(
+                self.state.policy_params, self.state.critic_params, tokens, mask) if forward
+                else {"values": device_zeros(), "logprobs": device_zeros()})
             arrays["values_old"] = out["values"]
             arrays["prox_logprobs"] = out["logprobs"]  # the proximal policy (learner.off_policy)
-            resp = arrays["response_mask"] * fresh[:, None]
-            behaviour_gap = float((np.abs(np.asarray(out["logprobs"]) - arrays["old_logprobs"])
-                                   * resp).max())
+            if forward:
+                resp = arrays["response_mask"] * fresh[:, None]
+                behaviour_gap = float((np.abs(np.asarray(out["logprobs"])
+                                              - arrays["old_logprobs"]) * resp).max())
         else:  # the train step's own forward gives the old values and the learner log-probs
             arrays["fresh"] = fresh
         if learner.config.duration_weighting.replace("-", "_") == "inverse_inclusion":
-            arrays["inclusion"] = self.arrivals.inclusion(arrays["dt_s"])
+            arrays["inclusion"] = (self.arrivals.inclusion(arrays["dt_s"]) if forward
+                                   else np.ones_like(arrays["dt_s"]))
         if learner.config.uses_ref:
-            arrays["ref_logprobs"] = learner.compute_logprobs(self.reference, tokens, mask)
+            arrays["ref_logprobs"] = (learner.compute_logprobs(self.reference, tokens, mask)
+                                      if forward else device_zeros())
+        return arrays, behaviour_gap
+
+    def _precompile_ahead(self, recent: list[Experience]) -> None:
+        """Compile the train step, off the lanes, for the next likely batch shape not compiled
+        yet (rollout.collate.ShapeForecast), one at a time; `recent` (finished episodes, any
+        number) are cut to that shape to stand in for a batch (their values are not used)."""
+        run = self.config.run
+        if not run.precompile or not recent or any(not f.done() for f in
+                                                   self._compiling.values()):
+            return
+        todo = [s for s in self.shapes.likely(run.precompile_min_prob)
+                if s not in self._step_shapes and s not in self._compiling]
+        if not todo:
+            return
+        p, r = todo[0]
+        rows = [dataclasses.replace(e, prompt_ids=list(e.prompt_ids)[-p:],
+                                    response_ids=list(e.response_ids)[:r],
+                                    logprobs=list(e.logprobs)[:r])
+                for e in (recent * run.batch_size)[:run.batch_size]]
+        arrays, _ = self._step_arrays(rows, pad_to=(p, r), forward=False)
+
+        def compile_it() -> bool:
+            t = time.perf_counter()
+            try:
+                self.learner.compile_train_step(arrays)
+            except Exception as e:  # noqa: BLE001 - then the step compiles it, as without this
+                log.warning("compiling the train step ahead for P=%d, R=%d failed: %r", p, r, e)
+                return False
+            log.info("train step compiled ahead for batch shape (%d, %d) (P=%d, R=%d): %.1f s",
+                     run.batch_size, p + r, p, r, time.perf_counter() - t)
+            return True
+
+        self._compiling[(p, r)] = self._compiler.submit(compile_it)
+
+    def _learn(self, batch: list[Experience]) -> dict[str, float]:
+        """Runs on the learner's lane: batch → (old values, ref log-probs if needed) →
+        train_step → the new version published to the sampler."""
+        learner, t0 = self.learner, time.perf_counter()
+        arrays, behaviour_gap = self._step_arrays(batch)
+        tokens, run = arrays["tokens"], self.config.run
+        p = bucket_length(max(len(e.prompt_ids) for e in batch), run.length_bucket,
+                          self.config.prompt.max_prompt_tokens)
+        shape = (p, tokens.shape[1] - p)
+        ahead, waited = self._compiling.get(shape), 0.0
+        if ahead is not None and not ahead.done():  # never compile the same shape twice
+            t = time.perf_counter()
+            ahead.result()
+            waited = time.perf_counter() - t
+        new_shape = shape not in self._step_shapes and (ahead is None or not ahead.result())
+        self._step_shapes.add(shape)
         self.state, metrics = learner.train_step(self.state, arrays)
         out = {k: float(v) for k, v in jax.device_get(metrics).items()}
         # Sampler vs learner log-probs of the same tokens under the same params (only at
@@ -481,6 +556,10 @@ class _Trainer:
         out["sampler/idle_frac_during_learn"] = self.sampler_busy.idle_frac(t0, t1)
         out["learner/seq_len"] = float(tokens.shape[1])
         out["learner/compiled_shapes"] = float(len(self._step_shapes))
+        # Compiled ahead while episodes ran; the wait is the part the step still sat through.
+        out["learner/compiled_ahead"] = float(sum(
+            f.done() and f.result() for f in self._compiling.values()))
+        out["time/compile_ahead_wait_s"] = waited
         if new_shape:  # this step's time includes compiling the step for the new shape
             log.info("train step for batch shape %s (new, %d shapes so far): %.1f s",
                      tokens.shape, len(self._step_shapes), out["time/train_step_s"])

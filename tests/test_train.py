@@ -21,7 +21,7 @@ from tests.warm import warm_config  # noqa: E402
 
 QUICK = {"mesh.data": 1, "run.max_steps": 2, "run.batch_size": 4, "run.slots": 2,
          "run.checkpoint_every": 1, "run.time_budget_s": 0.0, "run.progress": False,
-         "instrument.max_new_tokens": 256}
+         "instrument.max_new_tokens": 256, "run.precompile": False}
 
 
 def _config(cache_dir, **overrides):
@@ -46,7 +46,8 @@ def _records(path):
 def test_default_config_end_to_end(warm_cache, tmp_path):
     from rl4mle_jax.train import initial_eval_key, train
 
-    workdir, cfg = tmp_path / "run", _config(warm_cache, **{"run.eval_samples": 2})
+    workdir, cfg = tmp_path / "run", _config(warm_cache, **{"run.eval_samples": 2,
+                                                            "run.precompile": True})
     summary = train(cfg, workdir, shared_evals=tmp_path / "evals")
     # The initial best-of-N is shared under its key for the other variants of a sweep.
     (shared,) = (tmp_path / "evals").iterdir()
@@ -65,6 +66,10 @@ def test_default_config_end_to_end(warm_cache, tmp_path):
     metrics = _records(workdir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["grad_norm_actor"] > 0 for m in metrics)
+    # The step was compiled ahead (for the shape forecast from the first episodes) while the
+    # batch filled; the step at that shape waits for it (or not at all), never compiles twice.
+    assert max(m["learner/compiled_ahead"] for m in metrics) >= 1
+    assert all(m["time/compile_ahead_wait_s"] >= 0 for m in metrics)
     assert summary["loop"]["step"] == 2 and summary["loop"]["episodes_trained"] == 8
     assert "2" in {p.name for p in (workdir / "checkpoints").iterdir()}
     # Rewards came from the real sandbox and grader: programs ran (Δt measured) and were graded.

@@ -410,6 +410,16 @@ class Learner:
         return self.train_step_jit(state, distributed.to_global(self.prepare_batch(batch),
                                                                 self.batch_sharding))
 
+    def compile_train_step(self, batch: Batch) -> None:
+        """Compiles `train_step` for this batch's keys, shapes, dtypes and placement ahead of
+        its first call (the values are not used and the live state is not touched: it is taken
+        abstractly), so that call finds the executable in JAX's cache and compiles nothing.
+        Give each leaf as the call will: host arrays as host arrays, device outputs (e.g.
+        values_old from `compute_logprobs_and_values`) as device arrays with their sharding.
+        Safe from another thread while the state trains."""
+        batch = distributed.to_global(self.prepare_batch(batch), self.batch_sharding)
+        self.train_step_jit.lower(self.abstract_state(), batch).compile()
+
 
 def make_learner(model_config: models.Qwen2Config, ppo_config: LearnerConfig | Any,
                  mesh: Mesh, rules: shd.Rules = shd.DEFAULT_RULES) -> Learner:

@@ -5,13 +5,16 @@ multiple of `length_bucket` (at most max prompt tokens), R the same for the resp
 length_bucket=0 they are the configured maxima. Padding never changes a loss or an advantage
 (the masks exclude pads, positions count only real tokens), only the cost: a batch of ~480 prompt
 + ~265 response tokens is 512 + 320 wide instead of 512 + 768. Each (P, R) compiles the train
-step once; there are at most ceil(max/bucket) of each. Position t of `old_logprobs` holds
+step once; there are at most ceil(max/bucket) of each, and `ShapeForecast` says which (P, R)
+the next batches will likely have, so the loop compiles those ahead while episodes run (the
+first step of a shape then costs no compile). Position t of `old_logprobs` holds
 log p(tokens[t] | tokens[<t]) — the sampler's behaviour log-prob for response tokens, 0
 elsewhere.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,11 +53,13 @@ def bucket_length(n: int, bucket: int, cap: int) -> int:
 def build_batch(experiences: Sequence[Any], max_prompt: int, max_response: int, pad_id: int,
                 duration_source: str = "episode",
                 duration_floor_s: float = DURATION_FLOOR_S,
-                length_bucket: int = 0) -> dict[str, np.ndarray]:
+                length_bucket: int = 0,
+                pad_to: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
     """tokens, attention_mask, response_mask, old_logprobs [B, P+R]; rewards, dt_s [B].
 
     length_bucket: P and R are the batch's longest prompt and response rounded up to a
     multiple of it (capped at max_prompt / max_response); 0 pads to the maxima.
+    pad_to: (P, R) exactly instead (each at least the batch's longest).
     """
     for e in experiences:
         if len(e.prompt_ids) > max_prompt:
@@ -65,8 +70,13 @@ def build_batch(experiences: Sequence[Any], max_prompt: int, max_response: int, 
                              f"tokens, over max_response_tokens={max_response}")
     longest_p = max((len(e.prompt_ids) for e in experiences), default=0)
     longest_r = max((len(e.response_ids) for e in experiences), default=0)
-    p = bucket_length(longest_p, length_bucket, max_prompt)
-    b, t = len(experiences), p + bucket_length(longest_r, length_bucket, max_response)
+    p, r = ((bucket_length(longest_p, length_bucket, max_prompt),
+             bucket_length(longest_r, length_bucket, max_response)) if pad_to is None
+            else pad_to)
+    if p < longest_p or r < longest_r:
+        raise ValueError(f"pad_to={pad_to} is shorter than the batch's longest prompt "
+                         f"{longest_p} or response {longest_r}")
+    b, t = len(experiences), p + r
     tokens = np.full((b, t), pad_id, np.int32)
     attention = np.zeros((b, t), np.int32)
     response = np.zeros((b, t), np.float32)
@@ -89,3 +99,44 @@ def build_batch(experiences: Sequence[Any], max_prompt: int, max_response: int, 
         "rewards": np.asarray([e.reward for e in experiences], np.float32),
         "dt_s": episode_durations(experiences, duration_source, duration_floor_s),
     }
+
+
+class ShapeForecast:
+    """The padded (P, R) that the next learner batch will likely have, from recent episodes.
+
+    With F(p, r) the share of the last `window` episodes whose bucketed prompt is <= p and
+    bucketed response <= r, a batch of B episodes drawn from them fits in (p, r) with
+    probability G(p, r) = F(p, r)^B, so its shape is exactly (p_i, r_j) on the grid of observed
+    buckets with probability
+        G(p_i, r_j) - G(p_i-1, r_j) - G(p_i, r_j-1) + G(p_i-1, r_j-1).
+    (The loop's batches are the first B to finish, not a random draw; the forecast only picks
+    what to compile ahead, so a miss costs one compile in the step, as without it.)
+    """
+
+    def __init__(self, batch_size: int, max_prompt: int, max_response: int, length_bucket: int,
+                 window: int = 64):
+        self.batch_size, self.bucket = batch_size, length_bucket
+        self.max_prompt, self.max_response = max_prompt, max_response
+        self.seen: collections.deque[tuple[int, int]] = collections.deque(maxlen=window)
+
+    def observe(self, prompt_len: int, response_len: int) -> None:
+        self.seen.append((bucket_length(prompt_len, self.bucket, self.max_prompt),
+                          bucket_length(response_len, self.bucket, self.max_response)))
+
+    def probabilities(self) -> dict[tuple[int, int], float]:
+        """{(P, R): probability} over the grid of observed buckets (sums to 1); {} if none."""
+        if not self.seen:
+            return {}
+        obs = np.asarray(self.seen)  # [n, 2]
+        ps, rs = np.unique(obs[:, 0]), np.unique(obs[:, 1])
+        fits = (obs[:, 0, None, None] <= ps[None, :, None]) & (obs[:, 1, None, None]
+                                                                <= rs[None, None, :])
+        g = np.pad(fits.mean(0) ** self.batch_size, ((1, 0), (1, 0)))  # G with G(p_0, .) = 0
+        exact = g[1:, 1:] - g[:-1, 1:] - g[1:, :-1] + g[:-1, :-1]
+        return {(int(p), int(r)): float(exact[i, j]) for i, p in enumerate(ps)
+                for j, r in enumerate(rs) if exact[i, j] > 0}
+
+    def likely(self, min_prob: float) -> list[tuple[int, int]]:
+        """The (P, R) with probability >= min_prob, most likely first."""
+        probs = self.probabilities()
+        return sorted((s for s, q in probs.items() if q >= min_prob), key=lambda s: -probs[s])

@@ -10,6 +10,7 @@ import pytest
 
 from rl4mle_jax import models
 from rl4mle_jax import sharding as shd
+from rl4mle_jax.engine import backend_compiles
 from rl4mle_jax.rl.learner import make_learner, shift_right, token_logprobs_and_entropy
 from rl4mle_jax.rl.learner_config import LearnerConfig
 from rl4mle_jax.sampling import Sampler
@@ -246,3 +247,18 @@ def test_ppo_raises_token_reward(params):
         assert np.isfinite(float(metrics["loss"]))
     first, last = np.mean(rewards[:5]), np.mean(rewards[-5:])
     assert last > max(0.3, 5 * first), rewards
+
+
+def test_compiled_ahead_the_step_compiles_nothing(params):
+    """compile_train_step (abstract state, the batch's avals) fills the cache the call reads:
+    the step then runs with no XLA compile, for each length compiled ahead."""
+    learner = make_learner(TINY, LearnerConfig(), shd.make_mesh(data=2, fsdp=1, tensor=1,
+                                                                devices=jax.devices()[:2]))
+    state = learner.init_state(learner.shard_params(params), jax.random.PRNGKey(1))
+    for t in (16, 20):
+        learner.compile_train_step(_batch(t=t, seed=4))  # other values, same shapes and keys
+        before = backend_compiles()
+        state, metrics = learner.train_step(state, _batch(t=t, seed=3))
+        assert np.isfinite(float(metrics["loss"]))
+        assert backend_compiles() == before, f"length {t} compiled again"
+    assert int(state.step) == 2

@@ -5,7 +5,12 @@ import types
 import numpy as np
 import pytest
 
-from rl4mle_jax.rollout.collate import bucket_length, build_batch, episode_durations
+from rl4mle_jax.rollout.collate import (
+    ShapeForecast,
+    bucket_length,
+    build_batch,
+    episode_durations,
+)
 
 
 def _exp(i, prompt, resp, logp, reward, started=0.0, finished=1.0, duration_s=0.0):
@@ -54,3 +59,34 @@ def test_build_batch_pads_to_its_length_bucket():
     assert capped["tokens"].shape == (2, 6 + 7)
     assert bucket_length(0, 64, 512) == 64 and bucket_length(65, 64, 512) == 128
     assert bucket_length(500, 64, 480) == 480 and bucket_length(3, 0, 512) == 512
+    exact = build_batch(exps, max_prompt=16, max_response=32, pad_id=0, pad_to=(12, 7))
+    np.testing.assert_array_equal(exact["tokens"], full["tokens"][:, 16 - 12:16 + 7])
+    with pytest.raises(ValueError, match="shorter than the batch's longest"):
+        build_batch(exps, max_prompt=16, max_response=32, pad_id=0, pad_to=(4, 7))
+
+
+def test_shape_forecast_matches_drawn_batches():
+    """The exact law of the batch's padded (P, R) equals a NumPy Monte Carlo of batches of B
+    drawn from the window, over correlated prompt and response lengths."""
+    rng = np.random.default_rng(0)
+    fc = ShapeForecast(batch_size=4, max_prompt=512, max_response=768, length_bucket=64,
+                       window=50)
+    for _ in range(80):  # the first 30 fall out of the window
+        p = int(rng.integers(380, 512))
+        fc.observe(p, int(rng.integers(180, 330)) + (p > 470) * 60)
+    probs = fc.probabilities()
+    assert abs(sum(probs.values()) - 1.0) < 1e-9
+    obs = np.asarray(fc.seen)
+    draws = obs[rng.integers(0, len(obs), (40_000, 4))].max(axis=1)  # [n, 2] padded (P, R)
+    shapes, counts = np.unique(draws, axis=0, return_counts=True)
+    mc = {(int(p), int(r)): c / len(draws) for (p, r), c in zip(shapes, counts)}
+    assert set(mc) <= set(probs)
+    for s, q in probs.items():
+        assert abs(q - mc.get(s, 0.0)) < 0.01, (s, q, mc.get(s))
+    likely = fc.likely(0.1)
+    assert likely and all(probs[s] >= 0.1 for s in likely)
+    assert [probs[s] for s in likely] == sorted((probs[s] for s in likely), reverse=True)
+    assert ShapeForecast(8, 512, 768, 64).probabilities() == {}
+    capped = ShapeForecast(2, 100, 50, 64)
+    capped.observe(90, 10)
+    assert capped.probabilities() == {(100, 50): 1.0}
