@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rl4mle_jax.best_of_n import best_of_n
-from rl4mle_jax.report import _against_refs, _fmt, brief_eval
+from rl4mle_jax.report import _against_refs, _fmt, best_solution_line, brief_eval
 from rl4mle_jax.tracking import DEFAULT_PLOTS
 
 
@@ -113,15 +113,7 @@ def write_report(workdir: Path, config: Any, views: dict[str, Any], initial: dic
         pick = final["tasks"][t].get("pick", {}).get("test_score")
         lines.append("Final pick on the test split against the reference scores: "
                      + _against_refs(pick, refs.get("test") or {}, task.direction) + ".")
-        best = bests.get(t)
-        if best is None:
-            lines.append("No valid solution was found.")
-        else:
-            test = (best.get("test") or {}).get("score")
-            lines.append(f"Best solution from {best['origin']}: reward split "
-                         f"{_fmt(best['reward_score'])}, test split {_fmt(test)} "
-                         f"(`best_solution/{t}/`).")
-        lines.append("")
+        lines += ["Best solution: " + best_solution_line(bests.get(t), f"best_solution/{t}"), ""]
     lines += ["Plots: `plots/*.png` (`tasks_*.png` per task). Metrics `task/<id>/...` in "
               "`metrics.jsonl`; drops and rescues in `rescues.jsonl`."]
     path = workdir / "report.md"

@@ -224,14 +224,23 @@ class _Trainer:
             self.state, meta = self.ckpt.restore(self.learner.abstract_state(), latest)
             self.loop = LoopState(**meta["loop"])
             if self.multi:
-                mt = meta["multitask"]
+                mt = meta.get("multitask") or {"task_mix": {"task_ids": [meta["config"]["task"]]}}
+                if mt["task_mix"]["task_ids"] != self.task_ids:
+                    raise ValueError(f"config.tasks: {self.task_ids} but {workdir} holds a run "
+                                     f"of {mt['task_mix']['task_ids']}; resume with the same "
+                                     "tasks or start a new workdir")
                 self.buffers = {t: SolutionBuffer.from_state_dict(b)
                                 for t, b in mt["buffers"].items()}
                 self.rescues = {t: RescueMonitor.from_state_dict(r)
                                 for t, r in mt["rescues"].items()}
-                self.mix = TaskMix.from_state_dict(mt["task_mix"])
+                # The history resumes; the rule is the config's (it may change on a resume).
+                self.mix = TaskMix.from_state_dict({**self.mix.state_dict(), **{
+                    k: mt["task_mix"][k] for k in ("rewards", "dropped", "drawn")}})
                 self.task_best = mt["best"]
             else:
+                if "multitask" in meta:
+                    raise ValueError(f"config.tasks: empty, but {workdir} holds a multi-task "
+                                     f"run of {meta['multitask']['task_mix']['task_ids']}")
                 self.buffers = {self.task_ids[0]: SolutionBuffer.from_state_dict(meta["buffer"])}
                 if "rescue" in meta:
                     self.rescues = {self.task_ids[0]: RescueMonitor.from_state_dict(
