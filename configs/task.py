@@ -12,6 +12,9 @@ Launch:
   python experiments/run.py --config configs/task.py --workdir workdirs/task
   python experiments/run.py --config configs/task.py --config.task=food-reviews \
       --config.run.time_budget_s=300 --config.learner.gamma=0.99 --workdir workdirs/food
+  python experiments/run.py --config configs/task.py --config.tasks=food-reviews,telco-churn \
+      --config.reward.normalisation=rescaled --config.run.task_sampling=separation \
+      --workdir workdirs/mt
 """
 
 import ml_collections
@@ -44,6 +47,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.task = arg or "food-reviews"  # a local task id (python -m rl4mle_jax.env list) or a dir
+    # Multi-task training: "a,b,c" (ids or directories), one policy for all; c.task is then
+    # unused. Needs reward.normalisation="rescaled" (README, "Multi-task training").
+    c.tasks = ""
     c.data_root = ""  # default: $RL4MLE_DATA or ~/.cache/rl4mle_jax/tasks
     for name, cls in SECTIONS.items():
         c[name] = config_section(cls, **OVERRIDES.get(name, {}))

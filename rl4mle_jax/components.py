@@ -40,6 +40,23 @@ class Components:
     reward_cfg: RewardConfig
     episode_cfg: EpisodeConfig
     source: dict  # where the policy came from (hf_dir or warm start stats)
+    # Multi-task training (config.tasks): one view per task, in config order; each is this
+    # object with that task's task, sandbox (its time limit), prompt context and episode
+    # config, so every per-task step (episodes, best-of-N, references, report) takes a view.
+    # Empty for one task.
+    views: dict = dataclasses.field(default_factory=dict)
+
+
+def task_views(comps: Components) -> dict[str, Components]:
+    """task id -> the run's components for that task (one entry for a single-task run)."""
+    return comps.views or {comps.task.id: comps}
+
+
+def task_names(config: Any) -> list[str]:
+    """The run's task ids or directories: config.tasks split on commas when set (multi-task
+    training), else [config.task]."""
+    tasks = str(config.get("tasks", "") or "")
+    return [t.strip() for t in tasks.split(",")] if tasks.strip() else [str(config.task)]
 
 
 def validate_config(config: Any) -> dict[str, Any]:
@@ -52,7 +69,14 @@ def validate_config(config: Any) -> dict[str, Any]:
         if not cond:
             raise ValueError(f"config.{key}: {msg}")
 
-    need(bool(config.task), "task", "give a local task id or a task directory")
+    names = task_names(config)
+    need(bool(config.task) or len(names) > 1, "task", "give a local task id or a task directory")
+    need(all(names), "tasks", f"{config.get('tasks')!r} has an empty entry; give ids or "
+         "directories separated by commas")
+    need(len(set(names)) == len(names), "tasks", f"{config.get('tasks')!r} names a task twice")
+    need(len(names) == 1 or not config.rescue.reference_file, "rescue.reference_file",
+         "is one task's solution; multi-task rescues use each task's demonstrations and best "
+         "solution (leave it empty with config.tasks)")
     built: dict[str, Any] = {}
     for name, cls in run_config.SECTIONS.items():
         try:
@@ -132,15 +156,25 @@ def build_components(config: Any, workdir: Path) -> Components:
     """Everything a run needs, from a validated config (the warm start is built if missing)."""
     sections = validate_config(config)
     data_root = config.data_root or None
-    # Before any work: every problem of the task named at once (env.validate).
-    check = validate_task(str(config.task), data_root=data_root,
-                          max_prompt_tokens=config.prompt.max_prompt_tokens,
-                          warmstart=not config.model.hf_dir)
-    for w in check.warnings:
-        log.warning("task: %s", w)
-    check.raise_for_errors()
-    task = check.task  # a directory, a suite id or an MLE-bench id, loaded once
-    sandbox = Sandbox(**sections["env"].sandbox_kwargs(task.timeout_s))
+    names = task_names(config)
+    tasks = []
+    for name in names:  # before any work: every problem of each task named at once
+        check = validate_task(name, data_root=data_root,
+                              max_prompt_tokens=config.prompt.max_prompt_tokens,
+                              warmstart=not config.model.hf_dir)
+        for w in check.warnings:
+            log.warning("task%s: %s", f" {name}" if len(names) > 1 else "", w)
+        check.raise_for_errors()
+        tasks.append(check.task)  # a directory, a suite id or an MLE-bench id, loaded once
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"config.tasks: {names} load as task ids {ids}; each task needs its "
+                         "own id (task.json)")
+    if len(tasks) > 1:
+        _check_multitask_reward(tasks, sections["reward"])
+    task = tasks[0]
+    sandboxes = [Sandbox(**sections["env"].sandbox_kwargs(t.timeout_s)) for t in tasks]
+    sandbox = sandboxes[0]
     timeout_s = sandbox.limits.timeout_s
     # What the prompt lists as installed is probed inside the sandbox the programs run in.
     libraries = sorted(prompts_lib.probe_libraries(sandbox, input_dir=task.input_dir("reward")))
@@ -156,7 +190,7 @@ def build_components(config: Any, workdir: Path) -> Components:
         cache = (Path(config.warmstart.cache_dir).expanduser() if config.warmstart.cache_dir
                  else warmstart.default_warmstart_dir())
         ws = warmstart.build_warmstart(
-            [task], cache, {**dict(config.warmstart.settings),
+            tasks, cache, {**dict(config.warmstart.settings),
                                "max_prompt_tokens": config.prompt.max_prompt_tokens,
                                "max_response_tokens": config.prompt.max_response_tokens},
             prompt_config=_prompt_config(config, chat=False), libraries=libraries,
@@ -165,20 +199,47 @@ def build_components(config: Any, workdir: Path) -> Components:
         source = {"warmstart": str(ws.hf_dir), "cached": ws.cached, **ws.stats}
     model_config, params = models.load_hf_checkpoint(hf_dir, dtype=dtype)
     prompt_cfg = _prompt_config(config, tokenizer.is_chat)
-    context = dataclasses.replace(prompts_lib.task_context(task, libraries, "reward", prompt_cfg),
-                                  timeout_s=timeout_s)  # the prompt states the real limit
-    _warn_if_description_cut(context, prompt_cfg, tokenizer)
+    contexts = []
+    for t, box in zip(tasks, sandboxes):
+        ctx = dataclasses.replace(prompts_lib.task_context(t, libraries, "reward", prompt_cfg),
+                                  timeout_s=box.limits.timeout_s)  # the prompt states the limit
+        _warn_if_description_cut(ctx, prompt_cfg, tokenizer)
+        contexts.append(ctx)
+    context = contexts[0]
     samp = config.sampling
     sampler = Sampler(model_config, tokenizer.stop_token_ids, tokenizer.pad_id,
                       prompt_buckets=tuple(samp.prompt_buckets),
                       batch_buckets=tuple(samp.batch_buckets),
                       max_new_tokens=config.prompt.max_response_tokens)
-    return Components(
+
+    def episode_cfg(limit_s: float) -> EpisodeConfig:
+        return EpisodeConfig(improve_prob=config.run.improve_prob, split="reward",
+                             timeout_s=limit_s, instrument_timeout_s=config.instrument.timeout_s,
+                             reuse_runs=config.run.reuse_runs)
+
+    comps = Components(
         task=task, tokenizer=tokenizer, model_config=model_config, params=params,
         sampler=sampler, sandbox=sandbox, context=context, prompt_cfg=prompt_cfg,
-        reward_cfg=sections["reward"],
-        episode_cfg=EpisodeConfig(improve_prob=config.run.improve_prob, split="reward",
-                                  timeout_s=timeout_s,
-                                  instrument_timeout_s=config.instrument.timeout_s,
-                                  reuse_runs=config.run.reuse_runs),
-        source=source)
+        reward_cfg=sections["reward"], episode_cfg=episode_cfg(timeout_s), source=source)
+    if len(tasks) > 1:
+        comps.views = {t.id: dataclasses.replace(comps, task=t, sandbox=box, context=ctx,
+                                                 episode_cfg=episode_cfg(box.limits.timeout_s))
+                       for t, box, ctx in zip(tasks, sandboxes, contexts)}
+    return comps
+
+
+def _check_multitask_reward(tasks: list[Any], reward: RewardConfig) -> None:
+    """One policy's rewards on several tasks must share a scale: "rescaled" puts each task's
+    score against its own reward-split references, so each task needs them."""
+    if reward.normalisation != "rescaled":
+        metrics = sorted({f"{t.metric} ({t.direction})" for t in tasks})
+        log.warning("config.reward.normalisation=%r with several tasks: each task's rewards "
+                    "are its metric's own scale (%s); 'rescaled' puts every task against its "
+                    "baseline and strong references", reward.normalisation, ", ".join(metrics))
+        return
+    missing = [t.id for t in tasks
+               if (t.reference_scores or {}).get("reward", {}).get(reward.baseline_key) is None]
+    if missing:
+        raise ValueError(f"config.reward.normalisation='rescaled': tasks {missing} have no "
+                         f"reward-split {reward.baseline_key!r} reference score (task.json "
+                         "reference_scores), so their rewards could not be rescaled")

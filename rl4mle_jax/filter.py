@@ -33,6 +33,7 @@ import numpy as np
 from rl4mle_jax.env.actions import extract_action
 from rl4mle_jax.env.execute import arun_and_grade, no_run_record
 from rl4mle_jax.env.metrics import oriented_score
+from rl4mle_jax.rollout.task_mix import separation
 
 FILTER_VERSION = 1  # bump when what a sample holds changes (old samples are then refused)
 
@@ -61,19 +62,6 @@ class FilterRule:
         if self.min_separation > 0:
             rule += f" and separation >= {self.min_separation}"
         return rule
-
-
-def separation(rewards: Any, group_size: int, tol: float = 1e-9) -> float | None:
-    """Share of consecutive groups of `group_size` rewards that are not all equal.
-
-    A trailing partial group is left out; None when there is no whole group.
-    """
-    r = np.asarray(rewards, np.float64)
-    groups = len(r) // group_size
-    if group_size < 2 or groups == 0:
-        return None
-    r = r[:groups * group_size].reshape(groups, group_size)
-    return float(np.mean(r.max(axis=1) - r.min(axis=1) > tol))
 
 
 def summarise(samples: list[dict[str, Any]], direction: str, group_size: int,

@@ -206,6 +206,15 @@ def arrival_lines(workdir: Path) -> list[str]:
     return lines
 
 
+def best_solution_line(best: dict[str, Any] | None, folder: str = "best_solution") -> str:
+    """Where the run's best solution came from and what it scores (write_best_solution's info)."""
+    if best is None:
+        return "No valid solution was found."
+    test = (best.get("test") or {}).get("score")
+    return (f"From {best['origin']}: reward split {_fmt(best['reward_score'])}, test split "
+            f"{_fmt(test)}. Code: `{folder}/solution.py`, submission: `{folder}/submission.csv`.")
+
+
 def write_report(workdir: Path, config: Any, comps: Any, initial: dict, final: dict,
                  summary: dict, best: dict | None) -> Path:
     """report.md: initial vs final best-of-N on both splits, against the reference scores."""
@@ -245,14 +254,7 @@ def write_report(workdir: Path, config: Any, comps: Any, initial: dict, final: d
     else:
         lines.append("This task has no reference scores (`reference_scores` in its task.json), "
                      "so the pick is not placed against a baseline.")
-    lines += ["", "## Best solution", ""]
-    if best is None:
-        lines.append("No valid solution was found.")
-    else:
-        test = (best.get("test") or {}).get("score")
-        lines.append(f"From {best['origin']}: reward split {_fmt(best['reward_score'])}, test "
-                     f"split {_fmt(test)}. Code: `best_solution/solution.py`, submission: "
-                     "`best_solution/submission.csv`.")
+    lines += ["", "## Best solution", "", best_solution_line(best)]
     inst = summary.get("instrument", {})
     if "instrument/lm_accept_rate" in inst:
         lines += ["", f"LM instrumentation acceptance: {inst['instrument/lm_accept_rate']:.2f}"]

@@ -37,6 +37,7 @@ from rl4mle_jax.env.sandbox import BACKENDS
 from rl4mle_jax.env.sandbox.common import Limits
 from rl4mle_jax.rl.learner_config import LearnerConfig
 from rl4mle_jax.rollout.collate import DURATION_FLOOR_S, DURATION_SOURCES
+from rl4mle_jax.rollout.task_mix import TASK_SAMPLING
 
 
 class ConfigError(ValueError):
@@ -216,6 +217,13 @@ class RunConfig:
     # standard errors of one run's difference (p ≈ 0.7) and ~4 of a 3-seed mean; 8 is ±0.25 noise.
     eval_samples: int = 32
     progress: bool = True
+    # Multi-task training (config.tasks): how each episode's task is drawn, see
+    # rollout/task_mix.py ("uniform", or "separation": ∝ each task's recent reward separation,
+    # with `task_sampling_floor` of the draws uniform so no task starves).
+    task_sampling: str = "uniform"
+    task_sampling_floor: float = 0.25
+    task_separation_window: int = 32  # a task's last trained episodes its separation reads
+    task_separation_group: int = 4  # consecutive episodes of one task per separation group
 
     def __post_init__(self):
         for name in ("slots", "batch_size", "max_steps"):
@@ -232,6 +240,15 @@ class RunConfig:
               f"{self.admission!r} is not one of {ADMISSION_MODES}")
         _need(self.max_staleness >= 0, "max_staleness", f"must be >= 0, got {self.max_staleness}")
         _need(self.reuse_runs >= 0, "reuse_runs", f"must be >= 0, got {self.reuse_runs}")
+        _need(self.task_sampling in TASK_SAMPLING, "task_sampling",
+              f"{self.task_sampling!r} is not one of {TASK_SAMPLING}")
+        _need(0.0 <= self.task_sampling_floor <= 1.0, "task_sampling_floor",
+              f"must be in [0, 1], got {self.task_sampling_floor}")
+        _need(self.task_separation_group >= 2, "task_separation_group",
+              f"must be >= 2 (a group of one never separates), got {self.task_separation_group}")
+        _need(self.task_separation_window >= self.task_separation_group,
+              "task_separation_window", f"{self.task_separation_window} must be >= "
+              f"task_separation_group={self.task_separation_group} (at least one whole group)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,9 +36,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from rl4mle_jax import checkpoint as ckpt_lib
-from rl4mle_jax import sharding, study
+from rl4mle_jax import multitask, sharding, study
 from rl4mle_jax.best_of_n import best_of_n, save_eval, solve_prompt_text
-from rl4mle_jax.components import Components, build_components
+from rl4mle_jax.components import Components, build_components, task_views
 from rl4mle_jax.engine import Engine
 from rl4mle_jax.env.instrument_lm import Instrumenter
 from rl4mle_jax.env.instrument_static import MILESTONES
@@ -65,6 +65,7 @@ from rl4mle_jax.rollout.episode import EpisodeRunner, Experience
 from rl4mle_jax.rollout.pool import RolloutPool
 from rl4mle_jax.rollout.publish import WeightPublisher, param_shardings
 from rl4mle_jax.rollout.service import BusySpans, GenerationService
+from rl4mle_jax.rollout.task_mix import TaskMix, task_group_ids
 from rl4mle_jax.tracking import MetricLogger, plot_metrics
 from rl4mle_jax.warmstart.demo_runs import render_response
 
@@ -102,6 +103,8 @@ def initial_eval_key(config: Any, source: dict[str, Any] | None = None) -> str:
     d = json.loads(config.to_json_best_effort())
     for name in _NOT_IN_INITIAL_EVAL:
         d.pop(name, None)
+    if not d.get("tasks"):  # one task: the key of the runs made before config.tasks existed
+        d.pop("tasks", None)
     d["eval_samples"] = config.run.eval_samples
     d["policy_source"] = {k: str((source or {}).get(k)) for k in ("hf_dir", "warmstart")}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
@@ -135,6 +138,13 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
     comps = build_components(config, workdir)
     key = jax.random.PRNGKey(config.seed)
     n, temp, slots = config.run.eval_samples, config.sampling.temperature, config.run.slots
+
+    def evaluate(params: Any) -> dict[str, Any]:
+        # The same draws before and after RL: a difference is the policy's, not the dice's.
+        if comps.views:  # multi-task: per task, the draws of that task's single-task run
+            return multitask.evaluate_tasks(comps.views, params, n, jax.random.fold_in(key, 1),
+                                            temp, slots)
+        return best_of_n(comps, params, n, jax.random.fold_in(key, 1), temp, slots)
     initial_path = workdir / "eval_initial.json"
     shared = (Path(shared_evals) / f"{initial_eval_key(config, comps.source)}.json"
               if shared_evals else None)
@@ -145,7 +155,7 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
         initial = json.loads(initial_path.read_text())
     else:
         log.info("best-of-%d of the initial policy", n)
-        initial = best_of_n(comps, comps.params, n, jax.random.fold_in(key, 1), temp, slots)
+        initial = evaluate(comps.params)
         save_eval(initial, initial_path)
         if shared is not None:
             shared.parent.mkdir(parents=True, exist_ok=True)
@@ -153,10 +163,16 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
     trainer = _Trainer(config, workdir, comps)
     summary = asyncio.run(trainer.run())
     log.info("best-of-%d of the final policy", n)
-    # The same draws as the initial evaluation: a difference is the policy's, not the dice's.
-    final = best_of_n(comps, trainer.state.policy_params, n, jax.random.fold_in(key, 1), temp,
-                      slots)
+    final = evaluate(trainer.state.policy_params)
     save_eval(final, workdir / "eval_final.json")
+    if comps.views:
+        bests = {t: write_best_solution(v, workdir / "best_solution" / t, trainer.buffers[t],
+                                        final["tasks"][t]) for t, v in comps.views.items()}
+        report = multitask.write_report(workdir, config, comps.views, initial, final, summary,
+                                        bests)
+        return {"workdir": str(workdir), "report": str(report),
+                "initial": multitask.brief_tasks(initial),
+                "final": multitask.brief_tasks(final), **summary}
     best = write_best_solution(comps, workdir / "best_solution", trainer.buffer, final)
     report = write_report(workdir, config, comps, initial, final, summary, best)
     return {"workdir": str(workdir), "report": str(report), "initial": brief_eval(initial),
@@ -184,14 +200,24 @@ class _Trainer:
         latest = self.ckpt.latest_step()
         self.metrics = MetricLogger(workdir, resume_step=latest or 0)
         self.loop = LoopState()
-        self.buffer = SolutionBuffer(run.buffer_size)
+        # Per task (one entry for one task): the improve prompts' buffer, the rescue monitor,
+        # the references; `buffer` and `rescue` are the first task's (the single-task names).
+        self.views = task_views(comps)
+        self.task_ids = list(self.views)
+        self.multi = len(self.task_ids) > 1
+        self.buffers = {t: SolutionBuffer(run.buffer_size) for t in self.task_ids}
         # Which Δt get trained, from the run's own starts, finishes and cancellations (the
         # arrival bias in report.md; learner.duration_weighting="inverse_inclusion").
         self.arrivals = ArrivalModel()
         rc = config.rescue  # SFT rescue (rl/rescue.py): off unless rescue.enabled
-        self.rescue = RescueMonitor(rc.window_steps, rc.margin, rc.patience_steps,
-                                    rc.max_rescues)
-        self._references = load_references(comps, rc.reference_file) if rc.enabled else []
+        self.rescues = {t: RescueMonitor(rc.window_steps, rc.margin, rc.patience_steps,
+                                         rc.max_rescues) for t in self.task_ids}
+        self._references = {t: load_references(v, rc.reference_file) if rc.enabled else []
+                            for t, v in self.views.items()}
+        # Multi-task: each episode's task (rollout/task_mix.py) and each task's best so far.
+        self.mix = TaskMix(self.task_ids, run.task_sampling, run.task_sampling_floor,
+                           run.task_separation_window, run.task_separation_group, config.seed)
+        self.task_best = {t: multitask.new_best() for t in self.task_ids}
         self._step_shapes: set[tuple[int, int]] = set()  # (P, R) the step has run at
         # The step compiled ahead for the shapes the next batches will likely have.
         self.shapes = ShapeForecast(run.batch_size, config.prompt.max_prompt_tokens,
@@ -209,9 +235,28 @@ class _Trainer:
         else:
             self.state, meta = self.ckpt.restore(self.learner.abstract_state(), latest)
             self.loop = LoopState(**meta["loop"])
-            self.buffer = SolutionBuffer.from_state_dict(meta["buffer"])
-            if "rescue" in meta:
-                self.rescue = RescueMonitor.from_state_dict(meta["rescue"])
+            if self.multi:
+                mt = meta.get("multitask") or {"task_mix": {"task_ids": [meta["config"]["task"]]}}
+                if mt["task_mix"]["task_ids"] != self.task_ids:
+                    raise ValueError(f"config.tasks: {self.task_ids} but {workdir} holds a run "
+                                     f"of {mt['task_mix']['task_ids']}; resume with the same "
+                                     "tasks or start a new workdir")
+                self.buffers = {t: SolutionBuffer.from_state_dict(b)
+                                for t, b in mt["buffers"].items()}
+                self.rescues = {t: RescueMonitor.from_state_dict(r)
+                                for t, r in mt["rescues"].items()}
+                # The history resumes; the rule is the config's (it may change on a resume).
+                self.mix = TaskMix.from_state_dict({**self.mix.state_dict(), **{
+                    k: mt["task_mix"][k] for k in ("rewards", "dropped", "drawn")}})
+                self.task_best = mt["best"]
+            else:
+                if "multitask" in meta:
+                    raise ValueError(f"config.tasks: empty, but {workdir} holds a multi-task "
+                                     f"run of {meta['multitask']['task_mix']['task_ids']}")
+                self.buffers = {self.task_ids[0]: SolutionBuffer.from_state_dict(meta["buffer"])}
+                if "rescue" in meta:
+                    self.rescues = {self.task_ids[0]: RescueMonitor.from_state_dict(
+                        meta["rescue"])}
             if "arrivals" in meta:
                 self.arrivals = ArrivalModel.from_state_dict(meta["arrivals"])
                 # What was running when the checkpoint was written never finishes in this
@@ -220,6 +265,14 @@ class _Trainer:
             log.info("resumed from step %d (policy version %d, %.0f s of RL done)",
                      self.loop.step, self.loop.version, self.loop.wall_s)
         self.publisher.publish(self.state.policy_params, self.loop.version)
+
+    @property
+    def buffer(self) -> SolutionBuffer:
+        return self.buffers[self.task_ids[0]]
+
+    @property
+    def rescue(self) -> RescueMonitor:
+        return self.rescues[self.task_ids[0]]
 
     # --------------------------------------------------------------------- set-up
     def _services(self) -> tuple[Any, Any | None]:
@@ -259,10 +312,17 @@ class _Trainer:
             cfg.instrument.mode,
             chat_template=(self.c.tokenizer.apply_chat_template if self.c.tokenizer.is_chat
                            else None))
-        runner = EpisodeRunner(
-            self.c.task, self.c.tokenizer, policy, self.c.sandbox, instrumenter, self.buffer,
-            self.c.context, self.c.episode_cfg, self.c.reward_cfg, self.c.prompt_cfg,
-            frozen=frozen, rng=random.Random(cfg.seed * 7919 + self.explog.next_episode_id))
+        first_id = self.explog.next_episode_id
+        runners = {t: EpisodeRunner(
+            v.task, v.tokenizer, policy, v.sandbox, instrumenter, self.buffers[t], v.context,
+            v.episode_cfg, v.reward_cfg, v.prompt_cfg, frozen=frozen,
+            rng=random.Random(cfg.seed * 7919 + first_id if not self.multi
+                              else f"{cfg.seed}:{t}:{first_id}"))
+            for t, v in self.views.items()}
+        runner = runners[self.task_ids[0]]
+
+        async def run_episode(request: dict[str, Any]) -> Experience:
+            return await runners[request.get("task", self.task_ids[0])](request)
         # Admission control: started-but-untrained episodes (this process's) stay below the
         # staleness bound; finished ones are never discarded for staleness.
         bound = (run.max_staleness + 1) * run.batch_size
@@ -274,10 +334,13 @@ class _Trainer:
         def make_request(episode_id: int) -> dict[str, Any]:
             self.loop.episodes_started += 1
             self.arrivals.started(episode_id, time.time())
-            return runner.make_request(episode_id)
+            if not self.multi:
+                return runner.make_request(episode_id)
+            task = self.mix.draw(episode_id)  # seeded by (seed, episode id): resumes as is
+            return {**runners[task].make_request(episode_id), "task": task}
 
-        pool = RolloutPool(runner, make_request, run.slots,
-                           first_episode_id=self.explog.next_episode_id,
+        pool = RolloutPool(runner if not self.multi else run_episode, make_request, run.slots,
+                           first_episode_id=first_id,
                            admit=admit if run.admission == "bounded" else None)
         for svc in (policy, frozen):
             if svc is not None:
@@ -322,8 +385,15 @@ class _Trainer:
                 pool.wake()  # slots waiting for admission may start now
                 self.loop.wall_s = wall0 + time.time() - t_start
                 metrics.update(self._rollout_metrics(batch, pool, instrumenter))
+                if self.multi:
+                    for t in self.task_ids:
+                        self.mix.observe(t, [e.reward for e in batch if e.task == t])
                 if cfg.rescue.enabled:
                     metrics.update(await self._rescue_check(batch))
+                if self.multi:
+                    metrics.update(multitask.task_metrics(batch, self.task_ids, self.mix,
+                                                          self.task_best, self.buffers,
+                                                          self.rescues))
                 self.metrics.write(self.loop.step, self.loop.wall_s, metrics)
                 if self.loop.step % run.checkpoint_every == 0 or self._done():
                     self._save()
@@ -357,6 +427,12 @@ class _Trainer:
         self.lane.shutdown()
         self.sampler_lane.shutdown()
         self._compiler.shutdown(cancel_futures=True)
+        if self.multi:
+            plot_metrics(self.workdir / "metrics.jsonl", self.workdir / "plots",
+                         multitask.task_plots(self.task_ids))
+            return {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
+                    "slots": pool.stats().to_dict(), "instrument": instrumenter.metrics(),
+                    "task_mix": self.mix.state_dict(), "task_best": self.task_best}
         plot_metrics(self.workdir / "metrics.jsonl", self.workdir / "plots")
         return {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
                 "slots": pool.stats().to_dict(), "instrument": instrumenter.metrics()}
@@ -368,37 +444,57 @@ class _Trainer:
 
     # --------------------------------------------------------------------- SFT rescue
     async def _rescue_check(self, batch: list[Experience]) -> dict[str, float]:
-        """After a learner step: note the batch, finish or give up on the last rescue, or
-        rescue now (rl/rescue.py says when). Each event is a line of rescues.jsonl."""
-        mon = self.rescue
-        mon.observe([e.reward for e in batch], [e.record["status"] == "valid" for e in batch])
+        """After a learner step, per task with rows in the batch (every row for one task): note
+        them, finish or give up on its last rescue, or rescue now (rl/rescue.py says when).
+        Giving up stops a single-task run; with several tasks it drops the task from the mix
+        (the last live one stops the run). Each event is a line of rescues.jsonl."""
+        for t in list(self.mix.live):
+            rows = [e for e in batch if e.task == t] if self.multi else batch
+            if rows:
+                await self._rescue_task(t, rows)
+            if self.loop.stop_reason is not None:
+                break
+        return {"rescue/count": float(sum(len(m.rescues) for m in self.rescues.values()))}
+
+    async def _rescue_task(self, task: str, rows: list[Experience]) -> None:
+        mon, tag = self.rescues[task], ({"task": task} if self.multi else {})
+        mon.observe([e.reward for e in rows], [e.record["status"] == "valid" for e in rows])
         done = mon.outcome()
         if done is not None:
-            self._log_rescue({"event": "outcome", "step": self.loop.step, **done})
+            self._log_rescue({"event": "outcome", "step": self.loop.step, **tag, **done})
         msg = mon.give_up()
         if msg is not None:
-            log.error("%s", msg)
-            self.loop.stop_reason = msg
-        else:
-            ref = best_reference(self._references, self.buffer.best(), self._fits)
-            reason = mon.reason(ref["reward"] if ref else None)
-            if reason is not None and ref is not None:
-                losses = await asyncio.get_running_loop().run_in_executor(
-                    self.lane, self._sft_rescue, ref)
-                rec = mon.record(reason, ref, losses)
-                self._log_rescue({"event": "rescue", "step": self.loop.step, **rec})
-                log.warning("SFT rescue (%s) on %s (reward %.3f): loss %.3f -> %.3f", reason,
-                            ref["origin"], ref["reward"], losses[0], losses[-1])
-        return {"rescue/count": float(len(mon.rescues))}
+            if self.multi and len(self.mix.live) > 1:
+                self.mix.drop(task, msg)
+                self._log_rescue({"event": "drop", "step": self.loop.step, "task": task,
+                                  "reason": msg, "drawn": self.mix.drawn[task],
+                                  "live": self.mix.live})
+                log.error("task %s dropped from the mix: %s", task, msg)
+            else:
+                log.error("%s", msg)
+                self.loop.stop_reason = msg
+            return
+        view = self.views[task]
+        ref = best_reference(self._references[task], self.buffers[task].best(), self._fits)
+        reason = mon.reason(ref["reward"] if ref else None)
+        if reason is not None and ref is not None:
+            losses = await asyncio.get_running_loop().run_in_executor(
+                self.lane, self._sft_rescue, ref, view)
+            rec = mon.record(reason, ref, losses)
+            self._log_rescue({"event": "rescue", "step": self.loop.step, **tag, **rec})
+            log.warning("SFT rescue (%s)%s on %s (reward %.3f): loss %.3f -> %.3f", reason,
+                        f" of {task}" if self.multi else "", ref["origin"], ref["reward"],
+                        losses[0], losses[-1])
 
     def _fits(self, ref: dict[str, Any]) -> bool:
         n = len(self.c.tokenizer.encode(render_response(ref["plan"], ref["code"])))
         return n < self.config.prompt.max_response_tokens
 
-    def _sft_rescue(self, ref: dict[str, Any]) -> list[float]:
-        """On the learner's lane: SFT steps on the reference, published as a new version."""
+    def _sft_rescue(self, ref: dict[str, Any], view: Components) -> list[float]:
+        """On the learner's lane: SFT steps on the reference (the solve prompt of its task),
+        published as a new version."""
         rc, prompt = self.config.rescue, self.config.prompt
-        batch = sft_batch(self.c.tokenizer, solve_prompt_text(self.c),
+        batch = sft_batch(self.c.tokenizer, solve_prompt_text(view),
                           [render_response(ref["plan"], ref["code"])],
                           prompt.max_prompt_tokens, prompt.max_response_tokens)
         self.state, losses = sft_update(self.learner, self.state, batch, rc.sft_lr,
@@ -416,6 +512,7 @@ class _Trainer:
         run = self.config.run
         if f.error is not None or f.result is None:
             self.explog.append({"episode_id": f.episode_id, "kind": f.request.get("kind"),
+                                **({"task": f.request["task"]} if self.multi else {}),
                                 "error": f.error, "started_at": f.started_at,
                                 "finished_at": f.finished_at,
                                 "elapsed_s": f.finished_at - f.started_at, "selected": False})
@@ -437,8 +534,13 @@ class _Trainer:
                                            "wall_s": self.loop.wall_s}))
         rec = exp.record
         if rec["status"] == "valid" and exp.code is not None:
-            self.buffer.add(exp.code, exp.reward, record=rec, episode_id=exp.episode_id)
-            if exp.reward > self.loop.best_reward:
+            task = exp.task or self.task_ids[0]
+            self.buffers[task].add(exp.code, exp.reward, record=rec, episode_id=exp.episode_id)
+            if self.multi:  # scores of different tasks do not compare: a best per task
+                best = self.task_best[task]
+                if exp.reward > best["reward"]:
+                    best.update(reward=exp.reward, score=rec["score"], episode=exp.episode_id)
+            elif exp.reward > self.loop.best_reward:
                 self.loop.best_reward, self.loop.best_score = exp.reward, rec["score"]
                 self.loop.best_episode = exp.episode_id
         if not keep:
@@ -479,6 +581,10 @@ class _Trainer:
                                               - arrays["old_logprobs"]) * resp).max())
         else:  # the train step's own forward gives the old values and the learner log-probs
             arrays["fresh"] = fresh
+        if self.multi and learner.config.advantage_estimator != "gae":
+            # A group baseline compares rows of one task only (rollout/task_mix.py).
+            arrays["group_ids"] = task_group_ids([self.task_ids.index(e.task) for e in batch],
+                                                 learner.config.group_size)
         if learner.config.duration_weighting.replace("-", "_") == "inverse_inclusion":
             arrays["inclusion"] = (self.arrivals.inclusion(arrays["dt_s"]) if forward
                                    else np.ones_like(arrays["dt_s"]))
@@ -585,7 +691,7 @@ class _Trainer:
             "episodes/failed": float(self.loop.episodes_failed),
             "episodes/over_staleness": float(self.loop.episodes_over_staleness),
             "episodes/in_flight": float(pool.in_flight),
-            "buffer/size": float(len(self.buffer)),
+            "buffer/size": float(sum(len(b) for b in self.buffers.values())),
         }
         if self.loop.best_score is not None:
             out["score/best"] = float(self.loop.best_score)
@@ -609,6 +715,11 @@ class _Trainer:
                 "config": self.config.to_dict(), "policy_version": self.loop.version,
                 # lets `convert_hf_checkpoint.py --to_hf` export the policy without extra flags
                 "model_config": dataclasses.asdict(self.c.model_config)}
+        if self.multi:
+            meta["multitask"] = {
+                "task_mix": self.mix.state_dict(), "best": self.task_best,
+                "buffers": {t: b.state_dict() for t, b in self.buffers.items()},
+                "rescues": {t: r.state_dict() for t, r in self.rescues.items()}}
         self.ckpt.save(self.loop.step, self.state, meta, force=force)
 
 

@@ -25,6 +25,7 @@ from rl4mle_jax.env.reward import MILESTONE_EVIDENCE, NORMALISATIONS  # noqa: E4
 from rl4mle_jax.env.sandbox import BACKENDS, Sandbox  # noqa: E402
 from rl4mle_jax.rl import learner_config as lc  # noqa: E402
 from rl4mle_jax.rollout.collate import DURATION_SOURCES, build_batch  # noqa: E402
+from rl4mle_jax.rollout.task_mix import TASK_SAMPLING  # noqa: E402
 from rl4mle_jax.warmstart.config import WarmStartConfig  # noqa: E402
 
 # configs/*.py of commit 8174df5 (before the sections were generated), flattened, and the values
@@ -58,6 +59,7 @@ CHOICES = {
     ("learner", "duration_weighting"): lc.DURATION_MODES,
     ("learner", "off_policy"): lc.OFF_POLICY_MODES,
     ("run", "admission"): run_config.ADMISSION_MODES,
+    ("run", "task_sampling"): TASK_SAMPLING,
     ("sampling", "engine"): run_config.ENGINES,
     ("model", "dtype"): ("float32", "bfloat16"),
     ("warmstart.settings", "sandbox_backend"): ("auto", "bwrap", "subprocess"),

@@ -8,7 +8,9 @@ learner's batches for either and says when to rescue; the loop then runs a targe
 on the reference (the solve prompt → the reference's plan and code, the policy's own sharded
 train path, `Learner.sft_update`), and continues RL. A rescue that brings no separation within
 `patience_steps` batches means the task is out of reach for this policy: the loop stops with
-that message (one task) rather than burn its budget on −10s.
+that message (one task) rather than burn its budget on −10s, or, in multi-task training, drops
+the task from the mix (rollout/task_mix.py) and trains on the others (one monitor per task,
+fed that task's rows of each batch).
 
 Rules, per learner step (the batch's rewards):
   no separation: all of the last `window_steps` batches have reward spread (max − min) ≤ tol;
@@ -154,21 +156,31 @@ def sft_update(learner: Any, state: Any, batch: dict[str, np.ndarray], lr: float
 
 
 def load_references(comps: Any, reference_file: str = "") -> list[dict[str, Any]]:
-    """The run's fixed references: its warm start's valid demonstrations and a user's own
-    solution (run and graded once on the reward split, like any episode)."""
+    """The run's fixed references for `comps.task`: its warm start's valid demonstrations of
+    that task (a multi-task warm start holds every task's; each reward re-derived from its
+    score under the run's reward config, which may normalise differently from the warm
+    start's), and a user's own solution (run and graded once on the reward split, like any
+    episode)."""
     import json
     from pathlib import Path
 
+    from rl4mle_jax.env.reward import normalise_score
+
+    task = comps.task
     refs: list[dict[str, Any]] = []
     ws = comps.source.get("warmstart")
     demos = Path(ws).parent / "demos.jsonl" if ws else None
     if demos is not None and demos.is_file():
         for line in demos.read_text().splitlines():
             d = json.loads(line)
+            if d.get("task_id", task.id) != task.id:
+                continue
             if d.get("valid") and d.get("reward") is not None:
+                reward = float(d["reward"]) if d.get("score") is None else normalise_score(
+                    float(d["score"]), task.direction,
+                    (task.reference_scores or {}).get("reward", {}), comps.reward_cfg)[0]
                 refs.append({"origin": f"demonstration ({d.get('family')})", "plan": d["plan"],
-                             "code": d["code"], "reward": float(d["reward"]),
-                             "score": d.get("score")})
+                             "code": d["code"], "reward": reward, "score": d.get("score")})
     if reference_file:
         from rl4mle_jax.env.execute import run_and_grade
 

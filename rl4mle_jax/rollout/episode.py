@@ -44,11 +44,13 @@ class Experience:
     timings: dict[str, float]  # seconds: sample_s, instrument_s, sandbox_wall_s, grade_s
     parent_episode: int | None = None  # for improve prompts: the solution being improved
     reused_run: bool = False  # the run of an identical earlier program (rollout/run_cache.py)
+    task: str = ""  # multi-task training: the task id (empty, and not logged, for one task)
 
     def log_record(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """The experience-log line (token ids left out; the code and every reward part kept)."""
         rec = {k: v for k, v in dataclasses.asdict(self).items()
-               if k not in ("prompt_ids", "response_ids", "logprobs")}
+               if k not in ("prompt_ids", "response_ids", "logprobs")
+               and not (k == "task" and not v)}
         rec.update(prompt_tokens=len(self.prompt_ids), response_tokens=len(self.response_ids))
         rec.update(extra or {})
         return rec
@@ -129,7 +131,8 @@ class EpisodeRunner:
             plan=action.plan, code=action.code, response_stopped=gen.stopped,
             started_at=started, finished_at=time.time(), duration_s=duration_s,
             timings=timings,
-            parent_episode=parent.get("episode_id") if parent else None, reused_run=reused)
+            parent_episode=parent.get("episode_id") if parent else None, reused_run=reused,
+            task=request.get("task", ""))
 
     async def _run(self, action: Any) -> tuple[Any, float, dict[str, float]]:
         """Instrument, execute, grade: (reward record, Δt in the sandbox, timings)."""
