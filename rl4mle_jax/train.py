@@ -427,15 +427,13 @@ class _Trainer:
         self.lane.shutdown()
         self.sampler_lane.shutdown()
         self._compiler.shutdown(cancel_futures=True)
+        plot_metrics(self.workdir / "metrics.jsonl", self.workdir / "plots",
+                     *((multitask.task_plots(self.task_ids),) if self.multi else ()))
+        summary = {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
+                   "slots": pool.stats().to_dict(), "instrument": instrumenter.metrics()}
         if self.multi:
-            plot_metrics(self.workdir / "metrics.jsonl", self.workdir / "plots",
-                         multitask.task_plots(self.task_ids))
-            return {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
-                    "slots": pool.stats().to_dict(), "instrument": instrumenter.metrics(),
-                    "task_mix": self.mix.state_dict(), "task_best": self.task_best}
-        plot_metrics(self.workdir / "metrics.jsonl", self.workdir / "plots")
-        return {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
-                "slots": pool.stats().to_dict(), "instrument": instrumenter.metrics()}
+            summary.update(task_mix=self.mix.state_dict(), task_best=self.task_best)
+        return summary
 
     def _done(self) -> bool:
         run = self.config.run
