@@ -48,7 +48,8 @@ def _trainer(workdir, params, **overrides) -> _Trainer:
     sampler = Sampler(TINY, [STOP], 0, prompt_buckets=(16,), batch_buckets=(4,),
                       new_token_buckets=(48,))
     comps = types.SimpleNamespace(model_config=TINY, params=params, sampler=sampler,
-                                  tokenizer=types.SimpleNamespace(pad_id=0))
+                                  tokenizer=types.SimpleNamespace(pad_id=0),
+                                  task=types.SimpleNamespace(id="toy"), views={})
     return _Trainer(cfg, Path(workdir), comps)
 
 

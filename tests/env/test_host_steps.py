@@ -39,9 +39,11 @@ def _assert_linear(step, make, n: int = 64_000, limit_s: float = 2.0) -> None:
     larger one stays under `limit_s`."""
     small, large = make(n), make(4 * n)
     assert len(large) <= MAX_PROGRAM_CHARS  # measured on what is really processed
-    t_small, t_large = _seconds(step, small, 3), _seconds(step, large, 2)
+    t_small, t_large = _seconds(step, small, 5), _seconds(step, large, 3)
     assert t_large < limit_s, f"{t_large:.2f} s at {len(large)} chars"
-    assert t_large < 8 * max(t_small, 2e-3), f"{t_small:.4f} s -> {t_large:.4f} s"
+    # The floor keeps a few ms of scheduler noise on a loaded machine from reading as growth
+    # (CI once saw 3.0 ms -> 25 ms); a quadratic step at 4n would cost 16x, far above it.
+    assert t_large < 8 * max(t_small, 5e-3), f"{t_small:.4f} s -> {t_large:.4f} s"
 
 
 def _lines(line: str, n: int) -> str:
