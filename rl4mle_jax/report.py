@@ -101,6 +101,10 @@ def _against_refs(score: float | None, refs: dict[str, Any], direction: str) -> 
     return f"{score:.4f}" + (": " + ", ".join(parts) if parts else " (no reference scores)")
 
 
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
 def learning_lines(workdir: Path, refs: dict[str, Any], direction: str) -> list[str]:
     """The report's learning section: the curve and study.learning_check's numbers."""
     run = study.load_run(workdir)
@@ -120,6 +124,15 @@ def learning_lines(workdir: Path, refs: dict[str, Any], direction: str) -> list[
         f">= {goal['valid_gain']:+g} |",
         f"| test score of the pick (made on the reward split) | {_fmt(c['test_initial'])} | "
         f"{_fmt(c['test_final'])} | {fv(c['test_gain'], 4, True)} | >= {goal['test_gain']:+g} |",
+    ]
+    for kind, k in c["by_kind"].items():
+        lines.append(
+            f"| valid rate of the {kind} candidates among the {c['eval_n']} (trained {kind} "
+            f"episodes, first vs last quarter: {_fmt(k['train_first'])} → "
+            f"{_fmt(k['train_last'])}) | "
+            f"{_fmt(k['eval_initial'])} | {_fmt(k['eval_final'])} | "
+            f"{fv(_diff(k['eval_final'], k['eval_initial']), 3, True)} | — |")
+    lines += [
         "",
         "Final pick on the test split against the reference scores: "
         + _against_refs(c["test_final"], refs.get("test") or {}, direction) + ".",

@@ -255,7 +255,52 @@ def learning_check(run: Run) -> dict[str, Any]:
     direction = fin.get("direction") or ini.get("direction") or "higher"
     out["test_gain"] = (None if t0 is None or t1 is None
                         else oriented_score(t1, direction) - oriented_score(t0, direction))
+    out["by_kind"] = valid_by_kind(run)
     return out
+
+
+PROMPT_KINDS = ("solve", "improve")
+
+
+def valid_by_kind(run: Run) -> dict[str, dict[str, float | None]]:
+    """Where the valid rate moved, per prompt kind: best-of-N before vs after (`eval_initial`,
+    `eval_final`) and the trained episodes of the first vs last quarter, in the order they were
+    logged (`train_first`, `train_last`). None where a kind has no sample."""
+    trained = [e for e in run.episodes if e.get("record") and not e.get("cancelled")
+               and e.get("selected", True)]
+    q = max(1, len(trained) // 4)
+
+    def rate(episodes: list[dict[str, Any]], kind: str) -> float | None:
+        ok = [(e["record"].get("status") == "valid") for e in episodes if e.get("kind") == kind]
+        return sum(ok) / len(ok) if ok else None
+
+    def eval_rate(ev: dict[str, Any] | None, kind: str) -> float | None:
+        k = ((ev or {}).get("by_kind") or {}).get(kind) or {}
+        return k["valid"] / k["n"] if k.get("n") else None
+
+    return {kind: {"eval_initial": eval_rate(run.initial, kind),
+                   "eval_final": eval_rate(run.final, kind),
+                   "train_first": rate(trained[:q], kind) if trained else None,
+                   "train_last": rate(trained[-q:], kind) if trained else None}
+            for kind in PROMPT_KINDS}
+
+
+def kind_table(study: dict[str, list[Run]]) -> str:
+    """Markdown: per run, each prompt kind's valid rate, best-of-N before -> after and trained
+    episodes first -> last quarter (`valid_by_kind`)."""
+    def arrow(d: dict[str, float | None], a: str, b: str) -> str:
+        return f"{fmt_value(d[a], 2)} → {fmt_value(d[b], 2)}"
+
+    head = " | ".join(f"{k}: best-of-N | {k}: trained, first → last quarter"
+                      for k in PROMPT_KINDS)
+    lines = [f"| variant | seed | {head} |", "|---|---|" + "---|" * 2 * len(PROMPT_KINDS)]
+    for variant, runs in study.items():
+        for r in runs:
+            by = valid_by_kind(r)
+            cells = [arrow(by[k], *pair) for k in PROMPT_KINDS
+                     for pair in (("eval_initial", "eval_final"), ("train_first", "train_last"))]
+            lines.append(f"| {variant} | {r.seed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def fmt_value(x: Any, nd: int = 3, sign: bool = False) -> str:
@@ -385,8 +430,8 @@ def run_commits(study: dict[str, list[Run]]) -> set[str]:
 
 def results_markdown(study: dict[str, list[Run]], command: str, budget_s: float,
                      title: str | None = None) -> str:
-    """A study's results page: command, commit, budget, the ablation table and the learning
-    checks of every run."""
+    """A study's results page: command, commit, budget, the ablation table, the learning
+    checks of every run and where the valid rate moved (per prompt kind)."""
     head = f"# {title}\n\n" if title else ""
     made = sorted(run_commits(study))
     return (f"{head}Command: `{command}`  \nRuns made at commit "
@@ -394,4 +439,5 @@ def results_markdown(study: dict[str, list[Run]], command: str, budget_s: float,
             f"tables drawn at commit `{git_commit()}`  \n"
             f"RL budget per run: "
             f"{budget_s:.0f} s wall-clock.\n\n## Ablation table\n\n{ablation_table(study)}\n\n"
-            f"## Learning checks\n\n{learning_table(study)}\n")
+            f"## Learning checks\n\n{learning_table(study)}\n\n"
+            f"## Valid rate by prompt kind\n\n{kind_table(study)}\n")

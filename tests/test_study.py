@@ -81,6 +81,29 @@ def test_learning_check_quarters_and_before_after(tmp_path):
     assert "| v | 1 | +8.850 | +0.300 | +0.0500 | yes |" in table, table
 
 
+def test_valid_rate_by_prompt_kind(tmp_path):
+    # 8 trained episodes (quarters of 2), one cancelled and one dropped that must not count
+    kinds = ["solve", "improve", "solve", "improve", "solve", "improve", "solve", "improve"]
+    valid = [False, False, True, False, True, True, True, True]
+    eps = [{"kind": k, "selected": True, "record": {"status": "valid" if v else "failure"}}
+           for k, v in zip(kinds, valid)]
+    eps.insert(3, {"kind": "solve", "cancelled": True, "selected": False, "record": None})
+    eps.insert(5, {"kind": "improve", "selected": False, "record": {"status": "failure"}})
+    wd = tmp_path / "v" / "seed0"
+    by_kind = {"solve": {"n": 16, "valid": 12}, "improve": {"n": 16, "valid": 13}}
+    _write_run(wd, [-1.0], [60.0], eps, final={"n": 32, "valid_rate": 0.78, "by_kind": by_kind})
+    (wd / "eval_initial.json").write_text(json.dumps(
+        {"n": 32, "valid_rate": 0.66, "by_kind": {"solve": {"n": 16, "valid": 14},
+                                                   "improve": {"n": 0, "valid": 0}}}))
+    by = st.learning_check(st.load_study(tmp_path)["v"][0])["by_kind"]
+    assert by["solve"] == {"eval_initial": 14 / 16, "eval_final": 12 / 16,
+                           "train_first": 0.0, "train_last": 1.0}
+    assert by["improve"] == {"eval_initial": None, "eval_final": 13 / 16,
+                             "train_first": 0.0, "train_last": 1.0}
+    table = st.kind_table(st.load_study(tmp_path))
+    assert "| v | 0 | 0.88 → 0.75 | 0.00 → 1.00 | — → 0.81 | 0.00 → 1.00 |" in table, table
+
+
 def test_learning_check_without_evaluations_or_steps(study_dir):
     c = st.learning_check(st.load_study(study_dir)["no_instrumentation"][0])
     assert c["steps"] == 1 and c["reward_gain"] == 0.0
