@@ -129,12 +129,17 @@ class RolloutPool:
         (episode id, request kind, started_at, elapsed_s: their Δt is censored there)."""
         self._stopping = True
         now = time.time()
-        cancelled = [{"episode_id": eid, "kind": _kind(req), "started_at": t0,
-                      "elapsed_s": now - t0} for eid, (t0, req) in sorted(self._running.items())]
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        # Read after the tasks are done: an episode can still end normally while it is being
+        # cancelled (one that swallows the cancellation, as asyncio.wait_for does when its
+        # inner future completes at the same moment, Python <= 3.11); it is then in the queue
+        # for drain(), and must not be reported as cancelled too.
+        cancelled = [{"episode_id": eid, "kind": _kind(req), "started_at": t0,
+                      "elapsed_s": now - t0} for eid, (t0, req) in sorted(self._running.items())]
+        self._running.clear()
         self._idle_s += sum(now - t for t in self._idle.values())
         self._idle.clear()
         return cancelled

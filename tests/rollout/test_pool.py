@@ -127,6 +127,33 @@ def test_every_started_episode_is_taken_drained_or_cancelled():
     assert 1 in [c["episode_id"] for c in cancelled]  # the slow one (and the fast slot's next)
 
 
+def test_an_episode_that_ends_while_cancelled_is_finished_not_cancelled():
+    """An episode can swallow the cancellation and return (asyncio.wait_for does when its inner
+    future completes at that moment): stop() must then not report it, drain() has it. A run
+    crashed on this at shutdown (the arrival model saw the episode end twice)."""
+    async def run_episode(request):
+        try:
+            await asyncio.sleep(10 if request["id"] == 0 else 0.01)
+        except asyncio.CancelledError:
+            if request["id"] == 0:
+                return {"ended": "while cancelled"}
+            raise
+        return {}
+
+    async def main():
+        pool = RolloutPool(run_episode, lambda i: {"id": i}, num_slots=2)
+        pool.start()
+        taken = await pool.get_batch(3, timeout_s=5)
+        cancelled = await pool.stop()
+        return taken, pool.drain(), cancelled, pool.started
+
+    taken, drained, cancelled, started = asyncio.run(main())
+    assert 0 in [f.episode_id for f in drained]
+    assert 0 not in [c["episode_id"] for c in cancelled]
+    ids = [f.episode_id for f in taken + drained] + [c["episode_id"] for c in cancelled]
+    assert sorted(ids) == list(range(started)), "an episode reported twice or lost"
+
+
 def test_bad_slot_count():
     with pytest.raises(ValueError, match="num_slots"):
         RolloutPool(lambda r: r, lambda i: i, num_slots=0)
