@@ -24,7 +24,7 @@ VARIANTS = {
     # one update per batch, 3.3x the default actor lr
     "lr1e-4": (("learner.actor_lr", 1e-4),),
     # three improve prompts in four (the default: one in two)
-    "improve0.75": (("run.improve_prob", 0.75),),
+    "improve_3in4": (("run.improve_prob", 0.75),),
 }
 
 
