@@ -341,8 +341,19 @@ def learning_table(study: dict[str, list[Run]]) -> str:
 # ---------------------------------------------------------------- results page
 def run_command(script: str, argv: list[str], drop: tuple[str, ...] = ()) -> str:
     """The command that makes (or resumes) a study's runs: `script` with `argv`, without the
-    flags in `drop` (those that only redraw or choose a part)."""
-    return " ".join(["python", script, *(a for a in argv if not a.startswith(drop))])
+    flags in `drop` (those that only redraw or choose a part), written `--flag=value` or
+    `--flag value`."""
+    kept, skip_value = [], False
+    for a in argv:
+        if skip_value and not a.startswith("-"):
+            skip_value = False
+            continue
+        skip_value = False
+        if drop and a.startswith(drop):
+            skip_value = "=" not in a and a in drop  # its value is the next argument
+            continue
+        kept.append(a)
+    return " ".join(["python", script, *kept])
 
 
 # ---------------------------------------------------------------- arrival bias

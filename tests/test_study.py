@@ -129,6 +129,10 @@ def test_results_page_and_run_command(study_dir):
     assert "## Learning checks\n\n| variant |" in page
     assert st.run_command("e.py", ["--config=c", "--only_tables", "--variants=a,b"],
                           drop=("--only_tables", "--variants")) == "python e.py --config=c"
+    assert st.run_command("e.py", ["--config", "c", "--variants", "a,b", "--workdir", "w"],
+                          drop=("--variants",)) == "python e.py --config c --workdir w"
+    assert st.run_command("e.py", ["--only_tables", "--workdir", "w"],
+                          drop=("--only_tables",)) == "python e.py --workdir w"
 
 
 EDGES = 2.0 ** (np.arange(-4, 14) + 0.5)  # the ArrivalModel's default Δt bucket edges (s)
