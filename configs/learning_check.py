@@ -12,13 +12,8 @@ the test pick before vs after RL (rl4mle_jax.study.learning_table).
 
 import ml_collections
 
-from configs import task as base
+from configs.sweep_base import sweep_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.base = base.get_config(arg)
-    c.base.run.progress = False
-    c.variants = ml_collections.ConfigDict({"default": ()})
-    c.seeds = (2, 3, 4)
-    return c
+    return sweep_config({"default": ()}, seeds=(2, 3, 4), arg=arg)

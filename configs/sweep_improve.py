@@ -13,7 +13,7 @@ Launch (resumes; ~9 min per run on 2 cores):
 
 import ml_collections
 
-from configs import task as base
+from configs.sweep_base import sweep_config
 
 VARIANTS = {
     "improve_half": (),  # the default
@@ -23,9 +23,4 @@ VARIANTS = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.base = base.get_config(arg)
-    c.base.run.progress = False
-    c.variants = ml_collections.ConfigDict(VARIANTS)
-    c.seeds = (0, 1)
-    return c
+    return sweep_config(VARIANTS, seeds=(0, 1), arg=arg)

@@ -11,7 +11,7 @@ Launch (resumes; ~8 min per run on 2 cores):
 
 import ml_collections
 
-from configs import task as base
+from configs.sweep_base import sweep_config
 
 # Critic-free leave-one-out baseline over the whole batch (group_size 0: every row one group).
 RLOO = (("learner.critic", "none"), ("learner.advantage_estimator", "rloo"),
@@ -34,10 +34,4 @@ VARIANT_SEEDS = {"rloo_lr3e-4": (0,)}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.base = base.get_config()
-    c.base.run.progress = False
-    c.variants = ml_collections.ConfigDict(VARIANTS)
-    c.seeds = (0, 1)
-    c.variant_seeds = ml_collections.ConfigDict({k: v for k, v in VARIANT_SEEDS.items()})
-    return c
+    return sweep_config(VARIANTS, seeds=(0, 1), arg=arg, variant_seeds=VARIANT_SEEDS)

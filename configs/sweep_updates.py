@@ -16,7 +16,7 @@ Launch (resumes; ~9 min per run on 2 cores):
 
 import ml_collections
 
-from configs import task as base
+from configs.sweep_base import sweep_config
 
 VARIANTS = {
     # 2 epochs x 2 minibatches of 4: four clipped updates per batch at the default lr
@@ -29,9 +29,4 @@ VARIANTS = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.base = base.get_config(arg)
-    c.base.run.progress = False
-    c.variants = ml_collections.ConfigDict(VARIANTS)
-    c.seeds = (2, 3, 4)
-    return c
+    return sweep_config(VARIANTS, seeds=(2, 3, 4), arg=arg)

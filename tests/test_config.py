@@ -272,3 +272,25 @@ def test_paper_config_runs_every_program():
     """Run reuse (run.reuse_runs) is the CPU default's; the paper's setting runs every program."""
     assert qwen2_5_3b.get_config().run.reuse_runs == 0
     assert task_config.get_config().run.reuse_runs > 0
+
+
+@pytest.mark.parametrize("name", ["learning_check", "sweep_tiny", "sweep_improve",
+                                  "sweep_updates"])
+def test_sweep_configs_give_valid_runs(name):
+    """Every variant x seed of each sweep over configs/task.py makes a config that validates
+    (what experiments/sweep.py trains), and a task argument reaches the base."""
+    import copy
+    import importlib
+
+    from rl4mle_jax.components import validate_config
+
+    sweep = importlib.import_module(f"configs.{name}").get_config("digits")
+    assert sweep.base.task == "digits" and sweep.base.run.progress is False
+    for variant, overrides in sweep.variants.items():
+        assert "." not in variant  # ConfigDict refuses dotted keys
+        for seed in sweep.get("variant_seeds", {}).get(variant, sweep.seeds):
+            cfg = copy.deepcopy(sweep.base)
+            cfg.update_from_flattened_dict(dict(overrides))
+            cfg.seed = int(seed)
+            cfg.mesh.data = 1  # the sweeps run on one device; the tests have 8
+            validate_config(cfg)
