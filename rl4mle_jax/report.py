@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from rl4mle_jax import study
+from rl4mle_jax import arrival_replay, study
 from rl4mle_jax.env.execute import run_and_grade
 from rl4mle_jax.env.metrics import oriented_score
 
@@ -184,9 +184,9 @@ def plot_arrival_bias(bias: dict[str, Any], out: Path) -> bool:
 
 
 def arrival_lines(workdir: Path) -> list[str]:
-    """The arrival bias of the run (study.arrival_bias): does DAG's premise hold here, and
+    """The arrival bias of the run (arrival_replay.arrival_bias): does DAG's premise hold here, and
     which p̂ would inverse_inclusion divide by?"""
-    bias = study.arrival_bias(study.load_run(workdir))
+    bias = arrival_replay.arrival_bias(study.load_run(workdir))
     lines = ["## Arrival bias", ""]
     if not bias["buckets"]:
         return lines + ["No episode finished."]

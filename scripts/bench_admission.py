@@ -42,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rl4mle_jax import arrival_replay  # noqa: E402
 from rl4mle_jax import study as st  # noqa: E402
 
 MODES = ("bounded", "drop_stale")  # run.admission
@@ -114,7 +115,7 @@ def measure(run: st.Run) -> dict[str, float | None]:
             out["steps_per_min"] = (last["step"] - first["step"]) / span_min
             out["trained_per_min"] = (last["episodes/trained"]
                                       - first["episodes/trained"]) / span_min
-    events = st.arrival_events(run)
+    events = arrival_replay.arrival_events(run)
     trained = np.asarray([dt for kind, dt in events if kind == "trained"])
     if len(events):
         out["dt_started_mean"] = float(np.mean([dt for _, dt in events]))
@@ -124,7 +125,7 @@ def measure(run: st.Run) -> dict[str, float | None]:
                       for q in (10, 50, 90)})
     stale = [e["staleness"] for e in run.episodes if e.get("selected") and "staleness" in e]
     out["staleness_trained"] = float(np.mean(stale)) if stale else None
-    out["arrival_slope"] = st.arrival_bias(run)["slope"]
+    out["arrival_slope"] = arrival_replay.arrival_bias(run)["slope"]
     return out
 
 

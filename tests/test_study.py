@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from rl4mle_jax import arrival_replay as ar
 from rl4mle_jax import study as st
 from rl4mle_jax.rl.arrival import ArrivalModel
 from rl4mle_jax.rollout.collate import episode_durations
@@ -159,7 +160,7 @@ def test_arrival_bias_counts_buckets_and_p_hat_against_numpy(tmp_path):
     (trained_b + 2 q̄) / (finished_b + 2), q̄ = Σ trained / Σ finished (the prior of 2
     pseudo-episodes); the still-running episode is censored, not started-and-lost."""
     keep = {1.5: 8, 3.0: 4, 6.0: 2, 12.0: 1}  # inclusion ∝ 1/Δt
-    bias = st.arrival_bias(_arrival_run(tmp_path, lambda dt, i: i % 8 < keep[dt]))
+    bias = ar.arrival_bias(_arrival_run(tmp_path, lambda dt, i: i % 8 < keep[dt]))
     assert (bias["started"], bias["trained"], bias["dropped"], bias["censored"]) == (34, 15, 18, 1)
     assert bias["duration_source"] == "episode"
     dt = np.array([1.5] * 8 + [3.0] * 8 + [6.0] * 8 + [12.0] * 8 + [2.0])
@@ -200,8 +201,8 @@ def test_arrival_bias_replays_what_the_loop_counted(tmp_path):
             else:
                 live.finished(e["episode_id"], float(episode_durations(
                     [SimpleNamespace(**e)], source, 0.05)[0]), trained=e["selected"])
-        assert json.dumps(st.arrival_model(run).table()) == json.dumps(live.table())  # NaN too
-    nothing_lost = st.arrival_bias(_arrival_run(tmp_path, lambda dt, i: True))
+        assert json.dumps(ar.arrival_model(run).table()) == json.dumps(live.table())  # NaN too
+    nothing_lost = ar.arrival_bias(_arrival_run(tmp_path, lambda dt, i: True))
     for b in nothing_lost["buckets"]:  # only the failed episode is lost: q̄ = 32/33
         assert b["inclusion"] == pytest.approx((b["trained"] + 2 * 32 / 33) / (b["started"] + 2))
     assert abs(nothing_lost["slope"]) < 0.1
