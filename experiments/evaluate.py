@@ -57,7 +57,7 @@ def main(argv):
         comps = build_components(config, workdir)
         params, out = comps.params, Path("eval_" + Path(_HF_DIR.value).name + ".json")
     result = best_of_n(comps, params, _N.value, jax.random.PRNGKey(_SEED.value),
-                       config.sampling.temperature, config.run.slots)
+                       config.sampling.temperature, config.run.slots, config.run.reuse_runs)
     save_eval(result, out)
     print(json.dumps({"written": str(out), **brief_eval(result)}, indent=1))
 

@@ -5,7 +5,10 @@ the best valid solve candidate (the paper's test-time protocol runs both kinds a
 better). Every candidate runs on the reward split (carved from the public training data) and on
 the test split. The pick is made on the reward split only and its test score is reported; the
 paper's own protocol (the best *test* score of N, which peeks at the test labels) is reported
-beside it, labelled as such.
+beside it, labelled as such. With `reuse` > 0 a candidate byte-identical to an earlier one of
+the same evaluation takes that one's records instead of running again, at most `reuse` times
+per run (the loop's `run.reuse_runs` rule): a small policy writes the same program again and
+again (about 13 distinct programs among 27 in a best-of-32 of the tiny default).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Candidate:
     reward_split: dict | None = None  # the run's reward record on the reward split
     test_split: dict | None = None
     duration_s: float | None = None
+    reused_run: bool = False  # its records are an identical earlier candidate's (`reuse`)
 
     def score(self, split: str) -> float | None:
         """The grader's score where the reward rules call the run valid (trained, graded)."""
@@ -38,10 +42,38 @@ class Candidate:
         return rec["score"] if rec and rec.get("status") == "valid" else None
 
 
+class SharedRuns:
+    """Which candidates of one evaluation run, and which take an identical earlier one's run:
+    each run serves its program at most `reuse` more times, then the next copy runs afresh
+    (so a program whose result varies is re-drawn at a fixed rate). reuse 0: every one runs."""
+
+    def __init__(self, reuse: int = 0):
+        self.reuse = int(reuse)
+        self._owner: dict[str, list] = {}  # code -> [the candidate that ran it, times reused]
+
+    def assign(self, cands: list[Candidate]) -> tuple[list[Candidate],
+                                                     list[tuple[Candidate, Candidate]]]:
+        """(the candidates to run, [(a copy, the candidate whose run it takes)])."""
+        to_run, copies = [], []
+        for c in cands:
+            if c.code is None:
+                continue
+            owner = self._owner.get(c.code)
+            if owner is not None and owner[1] < self.reuse:
+                owner[1] += 1
+                copies.append((c, owner[0]))
+            else:
+                self._owner[c.code] = [c, 0]
+                to_run.append(c)
+        return to_run, copies
+
+
 async def _run_candidates(cands: list[Candidate], task: Any, sandbox: Any, timeout_s: float,
-                          concurrency: int) -> None:
-    """Each candidate through the one run-and-grade step, on the reward and the test split."""
+                          concurrency: int, shared: SharedRuns | None = None) -> None:
+    """Each candidate through the one run-and-grade step, on the reward and the test split
+    (or, for a copy `shared` assigns, the records of the identical candidate that ran)."""
     sem = asyncio.Semaphore(concurrency)
+    to_run, copies = (shared or SharedRuns(0)).assign(cands)
 
     async def one(c: Candidate) -> None:
         if c.code is None:
@@ -56,7 +88,11 @@ async def _run_candidates(cands: list[Candidate], task: Any, sandbox: Any, timeo
             else:
                 c.test_split = rec
 
-    await asyncio.gather(*(one(c) for c in cands))
+    await asyncio.gather(*(one(c) for c in to_run))
+    for c, src in copies:
+        c.reward_split = None if src.reward_split is None else dict(src.reward_split)
+        c.test_split = None if src.test_split is None else dict(src.test_split)
+        c.duration_s, c.reused_run = src.duration_s, True
 
 
 def _sample_codes(comps: Any, params: Any, prompts: list[str], rng: jax.Array, kind: str,
@@ -85,12 +121,16 @@ def solve_prompt_text(comps: Any) -> str:
 
 
 def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: float = 0.7,
-              concurrency: int = 2) -> dict[str, Any]:
-    """Samples N candidates of both kinds and reports the honest pick and the paper's number."""
+              concurrency: int = 2, reuse: int = 0) -> dict[str, Any]:
+    """Samples N candidates of both kinds and reports the honest pick and the paper's number.
+
+    reuse: how many identical later candidates one run serves (`SharedRuns`; 0: all run).
+    """
     task, direction = comps.task, comps.task.direction
     if n <= 0:  # evaluation switched off (e.g. in quick tests)
         return {"n": 0, "direction": direction, "valid_rate": None, "pick": {},
-                "paper_protocol_best_test_score": None, "by_kind": {}, "candidates": []}
+                "paper_protocol_best_test_score": None, "by_kind": {}, "candidates": [],
+                "runs": 0}
     timeout = comps.episode_cfg.timeout_s
     max_new = comps.prompt_cfg.max_response_tokens
     kw = prompt_kwargs(comps)
@@ -99,7 +139,8 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
     n_solve = n - n // 2
     cands = _sample_codes(comps, params, [solve_prompt] * n_solve, k_solve, "solve",
                           temperature, max_new)
-    asyncio.run(_run_candidates(cands, task, comps.sandbox, timeout, concurrency))
+    shared = SharedRuns(reuse)
+    asyncio.run(_run_candidates(cands, task, comps.sandbox, timeout, concurrency, shared))
     seed = max(cands, key=lambda c: oriented_score(c.score("reward"), direction))
     if n // 2:
         if seed.score("reward") is not None:  # its outcome: "No error detected, ... score"
@@ -110,7 +151,7 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
             prompt, kind = solve_prompt, "solve"
         more = _sample_codes(comps, params, [prompt] * (n // 2), k_improve, kind,
                              temperature, max_new)
-        asyncio.run(_run_candidates(more, task, comps.sandbox, timeout, concurrency))
+        asyncio.run(_run_candidates(more, task, comps.sandbox, timeout, concurrency, shared))
         cands += more
     pick = max(cands, key=lambda c: oriented_score(c.score("reward"), direction))
     oracle = max(cands, key=lambda c: oriented_score(c.score("test"), direction))
@@ -119,6 +160,7 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
         "n": len(cands),
         "direction": direction,
         "valid_rate": len(valid) / max(len(cands), 1),
+        "runs": sum(c.code is not None and not c.reused_run for c in cands),
         "pick": {"kind": pick.kind, "reward_score": pick.score("reward"),
                  "test_score": pick.score("test"), "code": pick.code},
         "paper_protocol_best_test_score": oracle.score("test"),

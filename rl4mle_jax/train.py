@@ -106,6 +106,7 @@ def initial_eval_key(config: Any, source: dict[str, Any] | None = None) -> str:
     if not d.get("tasks"):  # one task: the key of the runs made before config.tasks existed
         d.pop("tasks", None)
     d["eval_samples"] = config.run.eval_samples
+    d["eval_reuse_runs"] = config.run.reuse_runs  # identical candidates share a run (best_of_n)
     d["policy_source"] = {k: str((source or {}).get(k)) for k in ("hf_dir", "warmstart")}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -138,13 +139,14 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
     comps = build_components(config, workdir)
     key = jax.random.PRNGKey(config.seed)
     n, temp, slots = config.run.eval_samples, config.sampling.temperature, config.run.slots
+    reuse = config.run.reuse_runs  # identical candidates share a run, as in the loop
 
     def evaluate(params: Any) -> dict[str, Any]:
         # The same draws before and after RL: a difference is the policy's, not the dice's.
         if comps.views:  # multi-task: per task, the draws of that task's single-task run
             return multitask.evaluate_tasks(comps.views, params, n, jax.random.fold_in(key, 1),
-                                            temp, slots)
-        return best_of_n(comps, params, n, jax.random.fold_in(key, 1), temp, slots)
+                                            temp, slots, reuse)
+        return best_of_n(comps, params, n, jax.random.fold_in(key, 1), temp, slots, reuse)
     initial_path = workdir / "eval_initial.json"
     shared = (Path(shared_evals) / f"{initial_eval_key(config, comps.source)}.json"
               if shared_evals else None)

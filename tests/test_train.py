@@ -107,7 +107,7 @@ def test_initial_eval_key_changes_with_what_the_initial_policy_sees(tmp_path):
         assert initial_eval_key(_config(tmp_path, **same)) == key, same
     for other in ({"seed": 1}, {"task": "telco-churn"}, {"run.eval_samples": 5},
                   {"sampling.temperature": 1.0}, {"env.memory_mb": 1000},
-                  {"prompt.max_response_tokens": 512}):
+                  {"prompt.max_response_tokens": 512}, {"run.reuse_runs": 0}):
         assert initial_eval_key(_config(tmp_path, **other)) != key, other
 
 
