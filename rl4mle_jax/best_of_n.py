@@ -75,9 +75,7 @@ async def _run_candidates(cands: list[Candidate], task: Any, sandbox: Any, timeo
     sem = asyncio.Semaphore(concurrency)
     to_run, copies = (shared or SharedRuns(0)).assign(cands)
 
-    async def one(c: Candidate) -> None:
-        if c.code is None:
-            return
+    async def one(c: Candidate) -> None:  # assign() leaves out candidates without code
         for split in ("reward", "test"):
             async with sem:
                 run = await arun_and_grade(c.code, task, sandbox, split=split,

@@ -277,8 +277,8 @@ def valid_by_kind(run: Run) -> dict[str, dict[str, float | None]]:
 
     return {kind: {"eval_initial": eval_rate(run.initial, kind),
                    "eval_final": eval_rate(run.final, kind),
-                   "train_first": rate(trained[:q], kind) if trained else None,
-                   "train_last": rate(trained[-q:], kind) if trained else None}
+                   "train_first": rate(trained[:q], kind),
+                   "train_last": rate(trained[-q:], kind)}
             for kind in PROMPT_KINDS}
 
 
