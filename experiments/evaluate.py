@@ -19,7 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs import task as task_config  # noqa: E402
 from rl4mle_jax import checkpoint as ckpt_lib  # noqa: E402
-from rl4mle_jax import sharding  # noqa: E402
+from rl4mle_jax import (
+    compile_cache,  # noqa: E402
+    sharding,  # noqa: E402
+)
 from rl4mle_jax.best_of_n import best_of_n, save_eval  # noqa: E402
 from rl4mle_jax.components import build_components  # noqa: E402
 from rl4mle_jax.report import brief_eval  # noqa: E402
@@ -34,6 +37,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 
 def main(argv):
     del argv
+    compile_cache.enable()
     if bool(_WORKDIR.value) == bool(_HF_DIR.value):
         raise app.UsageError("give exactly one of --workdir or --hf_dir")
     if _WORKDIR.value:

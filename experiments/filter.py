@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rl4mle_jax import compile_cache  # noqa: E402
 from rl4mle_jax import filter as filter_lib  # noqa: E402
 from rl4mle_jax.components import build_components  # noqa: E402
 from rl4mle_jax.env import mlebench  # noqa: E402
@@ -56,6 +57,7 @@ def _task_dir_name(task_id: str, source: str) -> str:
 
 def main(argv):
     logging.getLogger("rl4mle_jax").setLevel(logging.INFO)
+    compile_cache.enable()
     sources = list(_TASKS.value or []) + list(argv[1:])  # `--tasks a b c` leaves b, c in argv
     if sources == ["all"]:
         sources = tasks_lib.list_tasks()

@@ -23,6 +23,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rl4mle_jax import compile_cache  # noqa: E402
 from rl4mle_jax import study as st  # noqa: E402
 from rl4mle_jax.train import train  # noqa: E402
 
@@ -62,6 +63,7 @@ def main(argv):
     del argv
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger("rl4mle_jax").setLevel(logging.INFO)
+    compile_cache.enable()
     cfg, root = _CONFIG.value, Path(_WORKDIR.value)
     docs = Path(_DOCS.value or cfg.docs_dir)
     command = st.run_command("experiments/reproduce.py", sys.argv[1:], drop=("--only_figures",))

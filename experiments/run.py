@@ -17,6 +17,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rl4mle_jax import compile_cache  # noqa: E402
 from rl4mle_jax.train import train  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
@@ -31,6 +32,7 @@ def main(argv):
     # Our own log lines at INFO; the libraries' (orbax, jax) only from WARNING up.
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger("rl4mle_jax").setLevel(logging.INFO)
+    compile_cache.enable()  # $RL4MLE_JAX_CACHE; a rerun loads its programs from disk
     config = _CONFIG.value
     workdir = Path(_WORKDIR.value or f"workdirs/{Path(str(config.task)).name}")
     summary = train(config, workdir)

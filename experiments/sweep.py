@@ -22,6 +22,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rl4mle_jax import compile_cache  # noqa: E402
 from rl4mle_jax import study as st  # noqa: E402
 from rl4mle_jax.train import train  # noqa: E402
 
@@ -60,6 +61,7 @@ def main(argv):
     # Our own log lines at INFO; the libraries' (orbax, jax) only from WARNING up.
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger("rl4mle_jax").setLevel(logging.INFO)
+    compile_cache.enable()
     sweep, root = _CONFIG.value, Path(_WORKDIR.value)
     command = st.run_command("experiments/sweep.py", sys.argv[1:],
                              drop=("--only_tables", "--variants"))

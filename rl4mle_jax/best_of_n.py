@@ -35,6 +35,8 @@ class Candidate:
     test_split: dict | None = None
     duration_s: float | None = None
     reused_run: bool = False  # its records are an identical earlier candidate's (`reuse`)
+    prompt_tokens: int | None = None  # token lengths (the loop's warm-up forecasts from them)
+    response_tokens: int | None = None
 
     def score(self, split: str) -> float | None:
         """The grader's score where the reward rules call the run valid (trained, graded)."""
@@ -96,14 +98,25 @@ async def _run_candidates(cands: list[Candidate], task: Any, sandbox: Any, timeo
 def _sample_codes(comps: Any, params: Any, prompts: list[str], rng: jax.Array, kind: str,
                   temperature: float, max_new_tokens: int) -> list[Candidate]:
     tok = comps.tokenizer
-    out = comps.sampler.generate(params, [tok.encode(p) for p in prompts], rng,
-                                 max_new_tokens=max_new_tokens, temperature=temperature)
+    ids = [tok.encode(p) for p in prompts]
+    out = comps.sampler.generate(params, ids, rng, max_new_tokens=max_new_tokens,
+                                 temperature=temperature)
     cands = []
     for i in range(len(prompts)):
         action = extract_action(tok.decode(out.tokens[i, :out.lengths[i]].tolist(),
                                                  skip_special_tokens=True))
-        cands.append(Candidate(kind, action.code if action.ok else None, action.failure))
+        cands.append(Candidate(kind, action.code if action.ok else None, action.failure,
+                               prompt_tokens=len(ids[i]), response_tokens=int(out.lengths[i])))
     return cands
+
+
+def token_lengths(evaluation: dict[str, Any]) -> list[tuple[int, int]]:
+    """(prompt, response) token lengths of an evaluation's candidates (single- or multi-task
+    record); evaluations written before the lengths were recorded give none."""
+    records = ([evaluation] if "tasks" not in evaluation
+               else list(evaluation["tasks"].values()))
+    return [(c["prompt_tokens"], c["response_tokens"]) for r in records
+            for c in r.get("candidates", []) if c.get("prompt_tokens") is not None]
 
 
 def prompt_kwargs(comps: Any) -> dict[str, Any]:

@@ -228,6 +228,16 @@ def best_solution_line(best: dict[str, Any] | None, folder: str = "best_solution
             f"{_fmt(test)}. Code: `{folder}/solution.py`, submission: `{folder}/submission.csv`.")
 
 
+def warmup_lines(warmup: dict) -> list[str]:
+    """The compile time spent before the RL clock (`run.warmup`), if any."""
+    if not warmup:
+        return []
+    shapes = ", ".join(f"({p}, {r})" for p, r in warmup["train_step_shapes"]) or "none"
+    return [f"Warm-up before the RL clock: {warmup['seconds']:.0f} s ({warmup['sampler_programs']} "
+            f"sampler programs in {warmup['sampler_s']:.0f} s; the train step at (P, R) "
+            f"{shapes} in {warmup['train_step_s']:.0f} s)."]
+
+
 def write_report(workdir: Path, config: Any, comps: Any, initial: dict, final: dict,
                  summary: dict, best: dict | None) -> Path:
     """report.md: initial vs final best-of-N on both splits, against the reference scores."""
@@ -244,6 +254,7 @@ def write_report(workdir: Path, config: Any, comps: Any, initial: dict, final: d
         f"({loop.get('episodes_dropped')} dropped as stale), {loop.get('wall_s', 0):.0f} s "
         f"wall-clock. Slot utilisation {slots.get('utilisation', 0):.2f} (a synchronous loop "
         f"on the same episodes: {slots.get('sync_utilisation', 0):.2f}).",
+        *warmup_lines(summary.get("warmup") or {}),
         *([f"**Stopped early:** {loop['stop_reason']}"] if loop.get("stop_reason") else []),
         "",
         f"## Best-of-N (N = {config.run.eval_samples}; pick made on the reward split)",

@@ -206,6 +206,12 @@ class RunConfig:
     # recent episodes' lengths): the first step at a shape then waits for no compile.
     precompile: bool = True
     precompile_min_prob: float = 0.1
+    # Before the RL clock starts, compile what its first minutes would otherwise compile inside
+    # it: each generation service's programs (every merged batch size, every prompt bucket) and
+    # the train step at up to `warmup_shapes` batch shapes, forecast as above from the initial
+    # best-of-N's lengths (same policy, same prompt kinds). Its time is reported (report.md).
+    warmup: bool = True
+    warmup_shapes: int = 2
     # A program byte-identical to an earlier episode's reuses that run's record and Δt (waiting
     # out its time, so arrival order holds) up to this many times, then runs afresh
     # (rollout/run_cache.py). 0: every program runs (the paper).
@@ -234,6 +240,7 @@ class RunConfig:
               f"must be >= 0, got {self.duration_floor_s}")
         _need(0.0 <= self.improve_prob <= 1.0, "improve_prob", "must be in [0, 1]")
         _need(self.length_bucket >= 0, "length_bucket", f"must be >= 0, got {self.length_bucket}")
+        _need(self.warmup_shapes >= 0, "warmup_shapes", f"must be >= 0, got {self.warmup_shapes}")
         _need(0.0 < self.precompile_min_prob <= 1.0, "precompile_min_prob",
               f"must be in (0, 1], got {self.precompile_min_prob}")
         _need(self.admission in ADMISSION_MODES, "admission",

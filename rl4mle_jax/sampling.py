@@ -183,6 +183,47 @@ class Sampler:
         greedy; `stop_token_ids` overrides the sampler's for this call (no recompile for up to
         8 ids). Same rng and inputs give the same output.
         """
+        stops, max_new, static, temperature = self._settings(
+            max_new_tokens, temperature, top_p, top_k, greedy, stop_token_ids)
+        if not prompts:
+            raise ValueError("prompts is empty")
+        vocab = self.config.vocab_size
+        for i, pr in enumerate(prompts):
+            if len(pr) == 0:
+                raise ValueError(f"prompts[{i}] is empty; a prompt needs at least one token")
+            lo, hi = min(pr), max(pr)
+            if lo < 0 or hi >= vocab:
+                raise ValueError(f"prompts[{i}] has token id {lo if lo < 0 else hi} outside "
+                                 f"[0, vocab_size={vocab})")
+        chunk = self.batch_buckets[-1]
+        outs = [self._generate_chunk(params, prompts[s:s + chunk],
+                                     jax.random.fold_in(rng, s // chunk), max_new, temperature,
+                                     top_p, stops, static)
+                for s in range(0, len(prompts), chunk)]
+        return SampleOutput(*(np.concatenate(parts) for parts in zip(*(dataclasses.astuple(o)
+                                                                      for o in outs))))
+
+    def warm_up(self, params, batch_sizes: Sequence[int], prompt_lengths: Sequence[int],
+                rng: jax.Array, max_new_tokens: int | None = None, temperature: float = 1.0,
+                top_p: float = 1.0, top_k: int = 0) -> int:
+        """Compiles the decode program `generate` would call for each batch bucket and prompt
+        bucket of the given sizes, with these settings and a key of `rng`'s kind (a raw and a
+        typed key are different programs), and runs it for one token (before a clock starts,
+        so that the first real calls compile nothing). Returns how many programs were new."""
+        stops, _, static, temperature = self._settings(max_new_tokens, temperature, top_p, top_k,
+                                                       False, None)
+        traces = self.num_traces
+        for b in sorted({_bucket(n, self.batch_buckets, "batch size") for n in batch_sizes}):
+            for p in sorted({_bucket(n, self.prompt_buckets, "prompt length")
+                             for n in prompt_lengths}):
+                # One decode step (the loop bound is an argument; the program is the same).
+                self._generate_chunk(params, [[self.pad_id] * p] * b, rng, 1, temperature,
+                                     top_p, stops, static)
+        return self.num_traces - traces
+
+    def _settings(self, max_new_tokens, temperature, top_p, top_k, greedy, stop_token_ids):
+        """(stop ids padded to a multiple of 8, max_new, the program's static arguments, the
+        temperature it is called with) for one call's settings, checked."""
         stops = list(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
         if not stops:
             raise ValueError("stop_token_ids is empty; give at least one (e.g. the eos id)")
@@ -194,30 +235,13 @@ class Sampler:
         if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
             raise ValueError(f"bad sampling settings: temperature={temperature} (>= 0), "
                              f"top_p={top_p} (in (0, 1]), top_k={top_k} (>= 0)")
-        if not prompts:
-            raise ValueError("prompts is empty")
-        vocab = self.config.vocab_size
-        for i, pr in enumerate(prompts):
-            if len(pr) == 0:
-                raise ValueError(f"prompts[{i}] is empty; a prompt needs at least one token")
-            lo, hi = min(pr), max(pr)
-            if lo < 0 or hi >= vocab:
-                raise ValueError(f"prompts[{i}] has token id {lo if lo < 0 else hi} outside "
-                                 f"[0, vocab_size={vocab})")
         greedy = greedy or temperature == 0
         static = dict(
             max_new_bucket=_bucket(max_new, self.new_token_buckets, "max_new_tokens"),
             greedy=bool(greedy),
             top_k=0 if greedy else int(top_k),
             use_top_p=bool(not greedy and top_p < 1.0))
-        chunk = self.batch_buckets[-1]
-        temperature = 1.0 if greedy else temperature
-        outs = [self._generate_chunk(params, prompts[s:s + chunk],
-                                     jax.random.fold_in(rng, s // chunk), max_new, temperature,
-                                     top_p, stops, static)
-                for s in range(0, len(prompts), chunk)]
-        return SampleOutput(*(np.concatenate(parts) for parts in zip(*(dataclasses.astuple(o)
-                                                                      for o in outs))))
+        return stops, max_new, static, 1.0 if greedy else temperature
 
     def _generate_chunk(self, params, prompts, rng, max_new, temperature, top_p, stops, static):
         n = len(prompts)

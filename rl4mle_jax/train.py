@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from rl4mle_jax import checkpoint as ckpt_lib
 from rl4mle_jax import multitask, sharding, study
-from rl4mle_jax.best_of_n import best_of_n, save_eval, solve_prompt_text
+from rl4mle_jax.best_of_n import best_of_n, save_eval, solve_prompt_text, token_lengths
 from rl4mle_jax.components import Components, build_components, task_views
 from rl4mle_jax.engine import Engine
 from rl4mle_jax.env.instrument_lm import Instrumenter
@@ -162,7 +162,7 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
         if shared is not None:
             shared.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(initial_path, shared)
-    trainer = _Trainer(config, workdir, comps)
+    trainer = _Trainer(config, workdir, comps, warmup_lengths=token_lengths(initial))
     summary = asyncio.run(trainer.run())
     log.info("best-of-%d of the final policy", n)
     final = evaluate(trainer.state.policy_params)
@@ -182,8 +182,11 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
 
 
 class _Trainer:
-    def __init__(self, config: Any, workdir: Path, comps: Components):
+    def __init__(self, config: Any, workdir: Path, comps: Components,
+                 warmup_lengths: list[tuple[int, int]] = ()):
         self.config, self.workdir, self.c = config, workdir, comps
+        # (prompt, response) token lengths the warm-up forecasts the first batches' shapes from.
+        self.warmup_lengths = list(warmup_lengths)
         run = config.run
         meshes = sharding.make_meshes(**config.mesh)
         self.learner = make_learner(comps.model_config, dict(config.learner), meshes.learner)
@@ -344,6 +347,7 @@ class _Trainer:
         pool = RolloutPool(runner if not self.multi else run_episode, make_request, run.slots,
                            first_episode_id=first_id,
                            admit=admit if run.admission == "bounded" else None)
+        warmup = self._warm_up(policy, frozen) if run.warmup else {}
         for svc in (policy, frozen):
             if svc is not None:
                 svc.start()
@@ -432,7 +436,8 @@ class _Trainer:
         plot_metrics(self.workdir / "metrics.jsonl", self.workdir / "plots",
                      *((multitask.task_plots(self.task_ids),) if self.multi else ()))
         summary = {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
-                   "slots": pool.stats().to_dict(), "instrument": instrumenter.metrics()}
+                   "slots": pool.stats().to_dict(), "instrument": instrumenter.metrics(),
+                   "warmup": warmup}
         if self.multi:
             summary.update(task_mix=self.mix.state_dict(), task_best=self.task_best)
         return summary
@@ -592,6 +597,39 @@ class _Trainer:
             arrays["ref_logprobs"] = (learner.compute_logprobs(self.reference, tokens, mask)
                                       if forward else device_zeros())
         return arrays, behaviour_gap
+
+    def _warm_up(self, policy: Any, frozen: Any | None) -> dict[str, Any]:
+        """Before the RL clock: compiles each service's sampler programs and the train step at
+        the likeliest batch shapes of the initial evaluation's lengths (`run.warmup`). What a
+        cold process would otherwise compile inside the budget, on the lanes the loop needs."""
+        run, t0 = self.config.run, time.perf_counter()
+        buckets = list(self.config.sampling.prompt_buckets)
+        programs = sum(svc.warm_up(buckets) for svc in (policy, frozen) if svc is not None)
+        t1 = time.perf_counter()
+        forecast = ShapeForecast(run.batch_size, self.config.prompt.max_prompt_tokens,
+                                 self.config.prompt.max_response_tokens, run.length_bucket,
+                                 window=max(len(self.warmup_lengths), 1))
+        for p, r in self.warmup_lengths:
+            forecast.observe(p, r)
+        shapes = [s for s in forecast.likely(run.precompile_min_prob)
+                  if s not in self._step_shapes][:run.warmup_shapes]
+        pad = self.c.tokenizer.pad_id
+        for p, r in shapes:
+            stand_in = Experience(-1, "solve", [pad] * p, [pad] * r, [0.0] * r, self.loop.version,
+                                  0.0, {}, "", None, True, 0.0, 1.0, 1.0, {})
+            arrays, _ = self._step_arrays([stand_in] * run.batch_size, pad_to=(p, r),
+                                          forward=False)
+            self.learner.compile_train_step(arrays)
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result(True)
+            self._compiling[(p, r)] = done  # the step at this shape compiles nothing
+        t2 = time.perf_counter()
+        out = {"seconds": t2 - t0, "sampler_s": t1 - t0, "sampler_programs": programs,
+               "train_step_s": t2 - t1, "train_step_shapes": [[p, r] for p, r in shapes]}
+        log.info("warm-up before the RL clock: %.1f s (%d sampler programs in %.1f s; train "
+                 "step at (P, R) %s in %.1f s)", out["seconds"], programs, out["sampler_s"],
+                 shapes, out["train_step_s"])
+        return out
 
     def _precompile_ahead(self, recent: list[Experience]) -> None:
         """Compile the train step, off the lanes, for the next likely batch shape not compiled

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from configs import task as task_config  # noqa: E402
+from rl4mle_jax import compile_cache  # noqa: E402
 from rl4mle_jax.report import brief_eval  # noqa: E402
 from rl4mle_jax.study import fmt_value  # noqa: E402
 from rl4mle_jax.tracking import read_metrics  # noqa: E402
@@ -184,4 +185,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    compile_cache.enable()  # here, not in main(): tests call main() in their own process
     main()

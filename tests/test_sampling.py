@@ -227,6 +227,22 @@ def test_no_recompilation_within_bucket(models):
     assert s.num_traces == 3 and s._generate_jit._cache_size() == 3
 
 
+def test_warm_up_compiles_what_generate_then_calls(models):
+    """warm_up compiles each batch and prompt bucket of the sizes given, at the call's settings;
+    generate at those sizes (other lengths in the same buckets) then traces nothing."""
+    _, config, params = models
+    s = Sampler(config, [NO_STOP], PAD, prompt_buckets=(8, 16), batch_buckets=(1, 2, 4),
+                new_token_buckets=(8, 16))
+    key = jax.random.key(0)
+    assert s.warm_up(params, range(1, 4), [8, 16], key, max_new_tokens=12, temperature=0.7) == 6
+    assert s.warm_up(params, [2], [5], key, max_new_tokens=9, temperature=0.3) == 0  # all there
+    for batch, length in ((1, 3), (2, 8), (3, 11), (4, 16)):
+        s.generate(params, [[1] * length] * batch, key, max_new_tokens=12, temperature=0.7)
+    assert s.num_traces == 6
+    s.generate(params, [[1] * 3], key, max_new_tokens=6, temperature=0.7)  # new token bucket
+    assert s.num_traces == 7
+
+
 def test_large_batch_is_chunked(models):
     _, config, params = models
     s = Sampler(config, [NO_STOP], PAD, prompt_buckets=(8,), batch_buckets=(1, 2),

@@ -47,7 +47,8 @@ def test_default_config_end_to_end(warm_cache, tmp_path):
     from rl4mle_jax.train import initial_eval_key, train
 
     workdir, cfg = tmp_path / "run", _config(warm_cache, **{"run.eval_samples": 2,
-                                                            "run.precompile": True})
+                                                            "run.precompile": True,
+                                                            "run.warmup": True})
     summary = train(cfg, workdir, shared_evals=tmp_path / "evals")
     # The initial best-of-N is shared under its key for the other variants of a sweep.
     (shared,) = (tmp_path / "evals").iterdir()
@@ -71,6 +72,13 @@ def test_default_config_end_to_end(warm_cache, tmp_path):
     assert max(m["learner/compiled_ahead"] for m in metrics) >= 1
     assert all(m["time/compile_ahead_wait_s"] >= 0 for m in metrics)
     assert summary["loop"]["step"] == 2 and summary["loop"]["episodes_trained"] == 8
+    # Before the clock: the services' sampler programs, and the train step at the shapes the
+    # initial evaluation's token lengths forecast (each candidate records them).
+    warm = summary["warmup"]
+    assert warm["sampler_programs"] >= 1 and warm["seconds"] > 0
+    cands = json.loads((workdir / "eval_initial.json").read_text())["candidates"]
+    assert all(c["prompt_tokens"] > 0 and c["response_tokens"] > 0 for c in cands)
+    assert 1 <= len(warm["train_step_shapes"]) <= cfg.run.warmup_shapes
     assert "2" in {p.name for p in (workdir / "checkpoints").iterdir()}
     # Rewards came from the real sandbox and grader: programs ran (Δt measured) and were graded.
     logged = _records(workdir / "experience.jsonl")
@@ -90,6 +98,7 @@ def test_default_config_end_to_end(warm_cache, tmp_path):
         assert {"kind", "code", "params_version", "started_at", "finished_at"} <= set(e)
     report = (workdir / "report.md").read_text()
     assert "initial policy" in report and "final policy" in report
+    assert "Warm-up before the RL clock" in report
     # The learning section: the curve and the first/last-quarter and before/after checks.
     assert "![learning curve](plots/learning_curve.png)" in report
     assert (workdir / "plots" / "learning_curve.png").stat().st_size > 0

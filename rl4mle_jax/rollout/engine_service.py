@@ -21,14 +21,14 @@ import concurrent.futures
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl4mle_jax.engine import Engine
+from rl4mle_jax.engine import Engine, backend_compiles
 from rl4mle_jax.rollout.service import BusySpans, Generation
 
 
@@ -108,6 +108,15 @@ class EngineService:
         self._stopping = False
         self.steps = 0
         self.requests = 0
+
+    def warm_up(self, prompt_lengths: Sequence[int]) -> int:
+        """Compiles every engine program (each prompt bucket; the lengths are not needed) on
+        the calling thread with the current params: `Engine.warmup`. Returns how many XLA
+        programs were compiled."""
+        del prompt_lengths
+        before = backend_compiles()
+        self.engine.warmup(self.get_params()[0])
+        return backend_compiles() - before
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -124,6 +124,14 @@ class GenerationService:
         with self._rng_lock:
             self._rng, key = jax.random.split(self._rng)
         return key
+
+    def warm_up(self, prompt_lengths: Sequence[int]) -> int:
+        """Compiles, on the calling thread, the programs this service's calls can need (every
+        merged batch size up to max_batch, each prompt length's bucket) with the current
+        params: `Sampler.warm_up`. Returns how many were new."""
+        params, _ = self.get_params()
+        return self.sampler.warm_up(params, range(1, self.max_batch + 1), prompt_lengths,
+                                    self._rng, **self.sampling)  # its kind of key, not a draw
 
     def start(self) -> None:
         self._queue = asyncio.Queue()
