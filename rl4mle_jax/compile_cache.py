@@ -27,12 +27,17 @@ OFF = ("", "off", "0", "none", "false")
 MIN_COMPILE_TIME_S = 0.5
 
 
+def is_off(setting: str) -> bool:
+    """Whether a setting of $RL4MLE_JAX_CACHE (or `enable`'s path) turns the cache off."""
+    return setting.strip().lower() in OFF
+
+
 def enable(path: str | None = None) -> Path | None:
     """Turns the cache on at `path` (None: $RL4MLE_JAX_CACHE, else ~/.cache/rl4mle_jax/jax) and
     returns the directory, or None where the setting is "off". Call it before the first compile
     of the process: JAX reads the directory when it first compiles."""
     raw = os.environ.get(ENV, DEFAULT_DIR) if path is None else path
-    if raw.strip().lower() in OFF:
+    if is_off(raw):
         log.info("JAX compilation cache: off (%s=%r)", ENV, raw)
         return None
     directory = Path(raw).expanduser()

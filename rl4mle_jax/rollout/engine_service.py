@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl4mle_jax.engine import Engine, backend_compiles
+from rl4mle_jax.engine import Engine
 from rl4mle_jax.rollout.service import BusySpans, Generation
 
 
@@ -111,12 +111,12 @@ class EngineService:
 
     def warm_up(self, prompt_lengths: Sequence[int]) -> int:
         """Compiles every engine program (each prompt bucket; the lengths are not needed) on
-        the calling thread with the current params: `Engine.warmup`. Returns how many XLA
-        programs were compiled."""
+        the calling thread with the current params: `Engine.warmup`. Returns how many programs
+        were new to the engine (traced)."""
         del prompt_lengths
-        before = backend_compiles()
+        before = sum(self.engine.num_traces.values())
         self.engine.warmup(self.get_params()[0])
-        return backend_compiles() - before
+        return sum(self.engine.num_traces.values()) - before
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
