@@ -613,22 +613,28 @@ class _Trainer:
             forecast.observe(p, r)
         shapes = [s for s in forecast.likely(run.precompile_min_prob)
                   if s not in self._step_shapes][:run.warmup_shapes]
-        pad = self.c.tokenizer.pad_id
+        pad, task = self.c.tokenizer.pad_id, self.task_ids[0] if self.multi else ""
+        compiled = []
         for p, r in shapes:
             stand_in = Experience(-1, "solve", [pad] * p, [pad] * r, [0.0] * r, self.loop.version,
-                                  0.0, {}, "", None, True, 0.0, 1.0, 1.0, {})
-            arrays, _ = self._step_arrays([stand_in] * run.batch_size, pad_to=(p, r),
-                                          forward=False)
-            self.learner.compile_train_step(arrays)
+                                  0.0, {}, "", None, True, 0.0, 1.0, 1.0, {}, task=task)
+            try:
+                arrays, _ = self._step_arrays([stand_in] * run.batch_size, pad_to=(p, r),
+                                              forward=False)
+                self.learner.compile_train_step(arrays)
+            except Exception as e:  # noqa: BLE001 - then the step compiles it, as without this
+                log.warning("warm-up: compiling the train step for P=%d, R=%d failed: %r", p, r, e)
+                continue
             done: concurrent.futures.Future = concurrent.futures.Future()
             done.set_result(True)
             self._compiling[(p, r)] = done  # the step at this shape compiles nothing
+            compiled.append([p, r])
         t2 = time.perf_counter()
         out = {"seconds": t2 - t0, "sampler_s": t1 - t0, "sampler_programs": programs,
-               "train_step_s": t2 - t1, "train_step_shapes": [[p, r] for p, r in shapes]}
+               "train_step_s": t2 - t1, "train_step_shapes": compiled}
         log.info("warm-up before the RL clock: %.1f s (%d sampler programs in %.1f s; train "
                  "step at (P, R) %s in %.1f s)", out["seconds"], programs, out["sampler_s"],
-                 shapes, out["train_step_s"])
+                 compiled, out["train_step_s"])
         return out
 
     def _precompile_ahead(self, recent: list[Experience]) -> None:

@@ -33,9 +33,12 @@ def test_two_tasks_end_to_end_and_resume(warm_cache, tmp_path):
     workdir = tmp_path / "run"
     # RLOO groups of 2 (no critic): the group baseline must compare rows of one task only.
     common = {"run.eval_samples": 2, "learner.advantage_estimator": "rloo",
-              "learner.critic": "none", "learner.group_size": 2}
+              "learner.critic": "none", "learner.group_size": 2, "run.warmup": True}
     first = train(_config(warm_cache, **common, **{"run.max_steps": 2}), workdir)
     assert first["loop"]["step"] == 2
+    # The warm-up compiled the step from both tasks' initial lengths (stand-in rows of a
+    # task, as the group ids need).
+    assert first["warmup"]["train_step_shapes"]
     drawn_before = first["task_mix"]["drawn"]
     summary = train(_config(warm_cache, **common, **{"run.max_steps": 4}), workdir)  # resumes
     assert summary["loop"]["step"] == 4

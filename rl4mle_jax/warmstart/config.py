@@ -32,7 +32,8 @@ class WarmStartConfig:
     max_prompt_tokens: int = 384
     max_response_tokens: int = 768
     max_instrument_tokens: int = 1536  # prompt + answer of an instrumentation pair
-    steps: int = 240  # small batches, many steps: measured better per token than 120 x 8
+    # Per task (n tasks: n x steps). Small batches, many steps: better per token than 120 x 8.
+    steps: int = 240
     batch_size: int = 4
     learning_rate: float = 3e-3
     warmup_steps: int = 10

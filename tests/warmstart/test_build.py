@@ -90,6 +90,18 @@ def test_second_call_is_a_cache_hit(built):
                  jax.device_get(first.params))
 
 
+def test_steps_are_per_task(built, tmp_path):
+    """Two tasks train twice the steps of one (each task as often as in its own warm start)."""
+    import dataclasses
+
+    cfg = dataclasses.replace(built[4], steps=3, demos_per_task=2, improve_pairs_per_task=1,
+                              eval_samples=1, eval_instrument=0)
+    two = ws.build_warmstart(["food-reviews", "digits"], tmp_path / "out", cfg,
+                             data_root=tmp_path / "data", log=lambda s: None)
+    assert two.stats["sft"]["steps"] == 6
+    assert len(two.stats["sft"]["loss_curve"]) >= 2
+
+
 def test_cli_rejects_unknown_settings_before_any_work():
     import importlib.util
     from pathlib import Path
