@@ -19,10 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs import task as task_config  # noqa: E402
 from rl4mle_jax import checkpoint as ckpt_lib  # noqa: E402
-from rl4mle_jax import (
-    compile_cache,  # noqa: E402
-    sharding,  # noqa: E402
-)
+from rl4mle_jax import compile_cache, sharding  # noqa: E402
 from rl4mle_jax.best_of_n import best_of_n, save_eval  # noqa: E402
 from rl4mle_jax.components import build_components  # noqa: E402
 from rl4mle_jax.report import brief_eval  # noqa: E402

@@ -611,24 +611,13 @@ class _Trainer:
                                  window=max(len(self.warmup_lengths), 1))
         for p, r in self.warmup_lengths:
             forecast.observe(p, r)
-        shapes = [s for s in forecast.likely(run.precompile_min_prob)
-                  if s not in self._step_shapes][:run.warmup_shapes]
         pad, task = self.c.tokenizer.pad_id, self.task_ids[0] if self.multi else ""
         compiled = []
-        for p, r in shapes:
+        for p, r in forecast.likely(run.precompile_min_prob)[:run.warmup_shapes]:
             stand_in = Experience(-1, "solve", [pad] * p, [pad] * r, [0.0] * r, self.loop.version,
                                   0.0, {}, "", None, True, 0.0, 1.0, 1.0, {}, task=task)
-            try:
-                arrays, _ = self._step_arrays([stand_in] * run.batch_size, pad_to=(p, r),
-                                              forward=False)
-                self.learner.compile_train_step(arrays)
-            except Exception as e:  # noqa: BLE001 - then the step compiles it, as without this
-                log.warning("warm-up: compiling the train step for P=%d, R=%d failed: %r", p, r, e)
-                continue
-            done: concurrent.futures.Future = concurrent.futures.Future()
-            done.set_result(True)
-            self._compiling[(p, r)] = done  # the step at this shape compiles nothing
-            compiled.append([p, r])
+            if self._compile_step_ahead(p, r, [stand_in]).result():  # one at a time
+                compiled.append([p, r])
         t2 = time.perf_counter()
         out = {"seconds": t2 - t0, "sampler_s": t1 - t0, "sampler_programs": programs,
                "train_step_s": t2 - t1, "train_step_shapes": compiled}
@@ -649,7 +638,14 @@ class _Trainer:
                 if s not in self._step_shapes and s not in self._compiling]
         if not todo:
             return
-        p, r = todo[0]
+        self._compile_step_ahead(*todo[0], recent)
+
+    def _compile_step_ahead(self, p: int, r: int, recent: list[Experience]
+                            ) -> concurrent.futures.Future:
+        """Submits the train step's compile for (P, R) to the compile-ahead thread, with
+        `recent` cut to that shape standing in for a batch; the future (True if compiled) is
+        what a step at that shape waits for instead of compiling."""
+        run = self.config.run
         rows = [dataclasses.replace(e, prompt_ids=list(e.prompt_ids)[-p:],
                                     response_ids=list(e.response_ids)[:r],
                                     logprobs=list(e.logprobs)[:r])
@@ -668,6 +664,7 @@ class _Trainer:
             return True
 
         self._compiling[(p, r)] = self._compiler.submit(compile_it)
+        return self._compiling[(p, r)]
 
     def _learn(self, batch: list[Experience]) -> dict[str, float]:
         """Runs on the learner's lane: batch → (old values, ref log-probs if needed) →
