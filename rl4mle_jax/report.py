@@ -238,6 +238,19 @@ def warmup_lines(warmup: dict) -> list[str]:
             f"{shapes} in {warmup['train_step_s']:.0f} s)."]
 
 
+def lane_lines(lane: dict) -> list[str]:
+    """Where the RL wall-clock went on the device lanes (the last session of the run)."""
+    if not lane or lane.get("wall_s", 0) <= 0:
+        return []
+    parts = [f"train steps {lane['train_steps_s']:.0f} s ({lane['train_steps']})"]
+    for name, what in (("policy", "policy sampling"), ("frozen", "frozen-copy instrumentation")):
+        if name in lane:
+            d = lane[name]
+            parts.append(f"{what} {d['busy_s']:.0f} s ({d['requests']} requests, "
+                         f"{d['tokens']} tokens)")
+    return [f"Device lane time in {lane['wall_s']:.0f} s of RL: " + "; ".join(parts) + "."]
+
+
 def write_report(workdir: Path, config: Any, comps: Any, initial: dict, final: dict,
                  summary: dict, best: dict | None) -> Path:
     """report.md: initial vs final best-of-N on both splits, against the reference scores."""
@@ -255,6 +268,7 @@ def write_report(workdir: Path, config: Any, comps: Any, initial: dict, final: d
         f"wall-clock. Slot utilisation {slots.get('utilisation', 0):.2f} (a synchronous loop "
         f"on the same episodes: {slots.get('sync_utilisation', 0):.2f}).",
         *warmup_lines(summary.get("warmup") or {}),
+        *lane_lines(summary.get("lane") or {}),
         *([f"**Stopped early:** {loop['stop_reason']}"] if loop.get("stop_reason") else []),
         "",
         f"## Best-of-N (N = {config.run.eval_samples}; pick made on the reward split)",

@@ -206,10 +206,16 @@ class RunConfig:
     # recent episodes' lengths): the first step at a shape then waits for no compile.
     precompile: bool = True
     precompile_min_prob: float = 0.1
+    # A batch whose own (P, R) is not compiled yet runs padded to the smallest compiled shape
+    # that holds it (rollout.collate.smallest_cover) instead of compiling inside the step; the
+    # compile-ahead thread compiles a likely shape only when that padding would add more than
+    # this fraction of its tokens (a rare long batch pads: one compile costs ~2-10 steps' padding).
+    pad_slack: float = 0.15
     # Before the RL clock starts, compile what its first minutes would otherwise compile inside
     # it: each generation service's programs (every merged batch size, every prompt bucket) and
-    # the train step at up to `warmup_shapes` batch shapes, forecast as above from the initial
-    # best-of-N's lengths (same policy, same prompt kinds). Its time is reported (report.md).
+    # the train step at up to `warmup_shapes` batch shapes: the largest (every batch fits it,
+    # padded, so no step compiles inside the clock) and the likeliest, forecast as above from
+    # the initial best-of-N's lengths (same policy, same prompt kinds). Its time is reported.
     warmup: bool = True
     warmup_shapes: int = 2
     # A program byte-identical to an earlier episode's reuses that run's record and Δt (waiting
@@ -241,6 +247,7 @@ class RunConfig:
         _need(0.0 <= self.improve_prob <= 1.0, "improve_prob", "must be in [0, 1]")
         _need(self.length_bucket >= 0, "length_bucket", f"must be >= 0, got {self.length_bucket}")
         _need(self.warmup_shapes >= 0, "warmup_shapes", f"must be >= 0, got {self.warmup_shapes}")
+        _need(self.pad_slack >= 0, "pad_slack", f"must be >= 0, got {self.pad_slack}")
         _need(0.0 < self.precompile_min_prob <= 1.0, "precompile_min_prob",
               f"must be in (0, 1], got {self.precompile_min_prob}")
         _need(self.admission in ADMISSION_MODES, "admission",

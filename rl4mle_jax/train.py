@@ -59,6 +59,7 @@ from rl4mle_jax.rollout.collate import (
     bucket_length,
     build_batch,
     episode_durations,
+    smallest_cover,
 )
 from rl4mle_jax.rollout.engine_service import EngineService
 from rl4mle_jax.rollout.episode import EpisodeRunner, Experience
@@ -224,6 +225,7 @@ class _Trainer:
                            run.task_separation_window, run.task_separation_group, config.seed)
         self.task_best = {t: multitask.new_best() for t in self.task_ids}
         self._step_shapes: set[tuple[int, int]] = set()  # (P, R) the step has run at
+        self._train_s, self._train_steps = 0.0, 0  # this session's train steps (report.md)
         # The step compiled ahead for the shapes the next batches will likely have.
         self.shapes = ShapeForecast(run.batch_size, config.prompt.max_prompt_tokens,
                                     config.prompt.max_response_tokens, run.length_bucket)
@@ -437,10 +439,22 @@ class _Trainer:
                      *((multitask.task_plots(self.task_ids),) if self.multi else ()))
         summary = {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
                    "slots": pool.stats().to_dict(), "instrument": instrumenter.metrics(),
-                   "warmup": warmup}
+                   "warmup": warmup,
+                   "lane": self._lane_time(policy, frozen, self.loop.wall_s - wall0)}
         if self.multi:
             summary.update(task_mix=self.mix.state_dict(), task_best=self.task_best)
         return summary
+
+    def _lane_time(self, policy: Any, frozen: Any | None, wall_s: float) -> dict[str, Any]:
+        """Where this session's RL wall-clock went on the device lanes: train steps, the
+        policy's sampling and the frozen copy's (instrumentation), with requests and tokens."""
+        out: dict[str, Any] = {"wall_s": wall_s,
+                               "train_steps_s": self._train_s, "train_steps": self._train_steps}
+        for name, svc in (("policy", policy), ("frozen", frozen)):
+            if svc is not None:
+                out[name] = {"busy_s": svc.busy_s, "requests": svc.requests,
+                             "tokens": svc.tokens}
+        return out
 
     def _done(self) -> bool:
         run = self.config.run
@@ -612,8 +626,13 @@ class _Trainer:
         for p, r in self.warmup_lengths:
             forecast.observe(p, r)
         pad, task = self.c.tokenizer.pad_id, self.task_ids[0] if self.multi else ""
+        # The likeliest shapes, then the largest: every batch fits it, so no step compiles
+        # inside the clock (a batch of an uncompiled shape runs padded to a compiled one).
+        largest = (self.config.prompt.max_prompt_tokens, self.config.prompt.max_response_tokens)
+        likely = [s for s in forecast.likely(run.precompile_min_prob) if s != largest]
+        shapes = (likely[:run.warmup_shapes - 1] + [largest])[:run.warmup_shapes]
         compiled = []
-        for p, r in forecast.likely(run.precompile_min_prob)[:run.warmup_shapes]:
+        for p, r in shapes:
             stand_in = Experience(-1, "solve", [pad] * p, [pad] * r, [0.0] * r, self.loop.version,
                                   0.0, {}, "", None, True, 0.0, 1.0, 1.0, {}, task=task)
             if self._compile_step_ahead(p, r, [stand_in]).result():  # one at a time
@@ -634,11 +653,25 @@ class _Trainer:
         if not run.precompile or not recent or any(not f.done() for f in
                                                    self._compiling.values()):
             return
+        compiled = self._compiled_shapes()
         todo = [s for s in self.shapes.likely(run.precompile_min_prob)
-                if s not in self._step_shapes and s not in self._compiling]
+                if s not in compiled and s not in self._compiling
+                and not self._pads_within_slack(s, compiled)]
         if not todo:
             return
         self._compile_step_ahead(*todo[0], recent)
+
+    def _compiled_shapes(self) -> set[tuple[int, int]]:
+        """(P, R) the train step is compiled for: run at, or compiled ahead."""
+        return self._step_shapes | {s for s, f in self._compiling.items()
+                                    if f.done() and f.result()}
+
+    def _pads_within_slack(self, shape: tuple[int, int],
+                           compiled: set[tuple[int, int]]) -> bool:
+        """Whether a batch of `shape` runs padded to a compiled shape at most run.pad_slack
+        longer (then compiling `shape` ahead is not worth its compile)."""
+        cover = smallest_cover(shape, compiled)
+        return cover is not None and sum(cover) <= (1 + self.config.run.pad_slack) * sum(shape)
 
     def _compile_step_ahead(self, p: int, r: int, recent: list[Experience]
                             ) -> concurrent.futures.Future:
@@ -670,18 +703,24 @@ class _Trainer:
         """Runs on the learner's lane: batch → (old values, ref log-probs if needed) →
         train_step → the new version published to the sampler."""
         learner, t0 = self.learner, time.perf_counter()
-        arrays, behaviour_gap = self._step_arrays(batch)
-        tokens, run = arrays["tokens"], self.config.run
-        p = bucket_length(max(len(e.prompt_ids) for e in batch), run.length_bucket,
-                          self.config.prompt.max_prompt_tokens)
-        shape = (p, tokens.shape[1] - p)
+        run, limits = self.config.run, self.config.prompt
+        own = (bucket_length(max(len(e.prompt_ids) for e in batch), run.length_bucket,
+                             limits.max_prompt_tokens),
+               bucket_length(max(len(e.response_ids) for e in batch), run.length_bucket,
+                             limits.max_response_tokens))
+        # Not compiled for its own shape: padded to the smallest compiled one that holds it
+        # (padding changes no loss), so the step compiles only when none does.
+        compiled = self._compiled_shapes()
+        shape = own if own in compiled else (smallest_cover(own, compiled) or own)
         ahead, waited = self._compiling.get(shape), 0.0
         if ahead is not None and not ahead.done():  # never compile the same shape twice
             t = time.perf_counter()
             ahead.result()
             waited = time.perf_counter() - t
-        new_shape = shape not in self._step_shapes and (ahead is None or not ahead.result())
+        new_shape = shape not in compiled and (ahead is None or not ahead.result())
         self._step_shapes.add(shape)
+        arrays, behaviour_gap = self._step_arrays(batch, pad_to=shape)
+        tokens = arrays["tokens"]
         self.state, metrics = learner.train_step(self.state, arrays)
         out = {k: float(v) for k, v in jax.device_get(metrics).items()}
         # Sampler vs learner log-probs of the same tokens under the same params (only at
@@ -698,10 +737,14 @@ class _Trainer:
         self.loop.episodes_trained += len(batch)
         t1 = time.perf_counter()
         out["time/train_step_s"] = t1 - t0
+        self._train_s += t1 - t0
+        self._train_steps += 1
         # ~1 with one mesh (the lane is the learner's); with split devices, how much of the
         # step the sampler sat idle (for want of requests, too).
         out["sampler/idle_frac_during_learn"] = self.sampler_busy.idle_frac(t0, t1)
         out["learner/seq_len"] = float(tokens.shape[1])
+        out["learner/padded_to_compiled"] = float(shape != own)  # 1: ran at a larger shape
+        out["learner/compiled_in_step"] = float(new_shape)  # 1: this step's time has a compile
         out["learner/compiled_shapes"] = float(len(self._step_shapes))
         # Compiled ahead while episodes ran; the wait is the part the step still sat through.
         out["learner/compiled_ahead"] = float(sum(

@@ -79,6 +79,11 @@ def test_default_config_end_to_end(warm_cache, tmp_path):
     cands = json.loads((workdir / "eval_initial.json").read_text())["candidates"]
     assert all(c["prompt_tokens"] > 0 and c["response_tokens"] > 0 for c in cands)
     assert 1 <= len(warm["train_step_shapes"]) <= cfg.run.warmup_shapes
+    # The largest shape among them: every batch fits it, so no step compiled inside the clock.
+    largest = [cfg.prompt.max_prompt_tokens, cfg.prompt.max_response_tokens]
+    assert largest in warm["train_step_shapes"]
+    assert all(m["learner/compiled_in_step"] == 0 for m in metrics)
+    assert all(m["learner/seq_len"] <= sum(largest) for m in metrics)
     assert "2" in {p.name for p in (workdir / "checkpoints").iterdir()}
     # Rewards came from the real sandbox and grader: programs ran (Δt measured) and were graded.
     logged = _records(workdir / "experience.jsonl")
@@ -98,6 +103,13 @@ def test_default_config_end_to_end(warm_cache, tmp_path):
         assert {"kind", "code", "params_version", "started_at", "finished_at"} <= set(e)
     report = (workdir / "report.md").read_text()
     assert "initial policy" in report and "final policy" in report
+    # Where the lane's time went: both services sampled (the policy for every episode, the
+    # frozen copy for each program it instrumented), and the train steps.
+    lane = summary["lane"]
+    assert lane["train_steps"] == 2 and lane["train_steps_s"] > 0
+    assert lane["policy"]["requests"] >= 8 and lane["policy"]["tokens"] > 0
+    assert lane["policy"]["busy_s"] > 0 and "frozen" in lane
+    assert "Device lane time" in report
     assert "Warm-up before the RL clock" in report
     # The learning section: the curve and the first/last-quarter and before/after checks.
     assert "![learning curve](plots/learning_curve.png)" in report

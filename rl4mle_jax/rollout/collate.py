@@ -15,7 +15,7 @@ elsewhere.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -99,6 +99,16 @@ def build_batch(experiences: Sequence[Any], max_prompt: int, max_response: int, 
         "rewards": np.asarray([e.reward for e in experiences], np.float32),
         "dt_s": episode_durations(experiences, duration_source, duration_floor_s),
     }
+
+
+def smallest_cover(shape: tuple[int, int], compiled: Collection[tuple[int, int]]
+                   ) -> tuple[int, int] | None:
+    """The compiled (P', R') with P' >= P and R' >= R and the fewest tokens P' + R' (then the
+    fewest prompt columns), or None: the shape a batch of `shape` can run padded to without a
+    compile (padding changes no loss, only the cost)."""
+    p, r = shape
+    fits = [s for s in compiled if s[0] >= p and s[1] >= r]
+    return min(fits, key=lambda s: (s[0] + s[1], s[0])) if fits else None
 
 
 class ShapeForecast:

@@ -108,6 +108,8 @@ class EngineService:
         self._stopping = False
         self.steps = 0
         self.requests = 0
+        self.busy_s = 0.0  # seconds of engine steps on the lane (what this service cost it)
+        self.tokens = 0  # generated tokens of finished requests
 
     def warm_up(self, prompt_lengths: Sequence[int]) -> int:
         """Compiles every engine program (each prompt bucket; the lengths are not needed) on
@@ -185,8 +187,12 @@ class EngineService:
             del self._futures[rid]
 
     def _run_busy(self) -> None:
-        with self.busy.busy():
-            self._run()
+        t0 = time.perf_counter()
+        try:
+            with self.busy.busy():
+                self._run()
+        finally:
+            self.busy_s += time.perf_counter() - t0
 
     def _run(self) -> None:
         """Steps until idle or the slice ends, handing each result to the event loop."""
@@ -207,6 +213,7 @@ class EngineService:
             self.steps += 1
             for c in done:
                 self.requests += 1
+                self.tokens += len(c.tokens)
                 future = self._futures.pop(c.request_id, None)
                 if future is not None:
                     gen = EngineGeneration(c.prompt_ids, c.tokens, c.logprobs, c.stopped,

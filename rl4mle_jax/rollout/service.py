@@ -119,6 +119,8 @@ class GenerationService:
         self._worker: asyncio.Task | None = None
         self.calls = 0
         self.requests = 0
+        self.busy_s = 0.0  # seconds of sampler calls on the lane (what this service cost it)
+        self.tokens = 0  # generated tokens, stop tokens included
 
     def _next_rng(self) -> jax.Array:
         with self._rng_lock:
@@ -177,14 +179,17 @@ class GenerationService:
 
     def _sample(self, batch: list[_Request]) -> list[Generation]:
         params, version = self.get_params()
+        t0 = time.perf_counter()
         with self.busy.busy():
             out = self.sampler.generate(params, [r.prompt_ids for r in batch], self._next_rng(),
                                         **self.sampling)
+            tokens = np.asarray(out.tokens)
+            logprobs = np.asarray(out.logprobs)
+            lengths = np.asarray(out.lengths)
+        self.busy_s += time.perf_counter() - t0
         self.calls += 1
         self.requests += len(batch)
-        tokens = np.asarray(out.tokens)
-        logprobs = np.asarray(out.logprobs)
-        lengths = np.asarray(out.lengths)
+        self.tokens += int(lengths.sum())
         gens = []
         for i, req in enumerate(batch):
             n = int(lengths[i])

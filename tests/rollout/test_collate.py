@@ -10,6 +10,7 @@ from rl4mle_jax.rollout.collate import (
     bucket_length,
     build_batch,
     episode_durations,
+    smallest_cover,
 )
 
 
@@ -90,3 +91,13 @@ def test_shape_forecast_matches_drawn_batches():
     capped = ShapeForecast(2, 100, 50, 64)
     capped.observe(90, 10)
     assert capped.probabilities() == {(100, 50): 1.0}
+
+
+def test_smallest_cover_is_the_cheapest_compiled_shape_that_holds_the_batch():
+    compiled = {(512, 320), (512, 768), (448, 384), (384, 256)}
+    assert smallest_cover((512, 256), compiled) == (512, 320)  # 832 tokens, not 1280
+    assert smallest_cover((448, 256), compiled) == (448, 384)  # 832 too: fewer prompt columns
+    assert smallest_cover((384, 256), compiled) == (384, 256)  # itself
+    assert smallest_cover((512, 448), compiled) == (512, 768)
+    assert smallest_cover((576, 64), compiled) is None  # nothing holds a longer prompt
+    assert smallest_cover((64, 64), set()) is None
