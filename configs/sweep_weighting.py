@@ -11,6 +11,10 @@ so the failures RL must remove get a quarter of a valid program's weight. The to
 failure 2.6x slower than weights of 1/p̂ ("inverse_inclusion", which is 1 here, and
 corrects by the measured loss where slow episodes are lost).
 
+Measured (docs/learning_check/results_v5.md): the hypothesis did not hold. The paper's weight
+learned more (batch-reward gain +2.26 vs +1.34, valid-rate gain +0.21 vs +0.16 over seeds 2-4),
+so configs/task.py keeps batch_mean.
+
 Launch (resumes; ~9 min per run on 2 cores):
   python experiments/sweep.py --config configs/sweep_weighting.py --workdir workdirs/sweep_weighting
 """
