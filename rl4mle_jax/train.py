@@ -477,7 +477,9 @@ class _Trainer:
 
     async def _rescue_task(self, task: str, rows: list[Experience]) -> None:
         mon, tag = self.rescues[task], ({"task": task} if self.multi else {})
-        mon.observe([e.reward for e in rows], [e.record["status"] == "valid" for e in rows])
+        if not mon.observe([e.reward for e in rows], [e.record["status"] == "valid" for e in rows],
+                           [e.params_version for e in rows]):
+            return  # every row was sampled before the last rescue: nothing to judge it by
         done = mon.outcome()
         if done is not None:
             self._log_rescue({"event": "outcome", "step": self.loop.step, **tag, **done})
@@ -499,7 +501,7 @@ class _Trainer:
         if reason is not None and ref is not None:
             losses = await asyncio.get_running_loop().run_in_executor(
                 self.lane, self._sft_rescue, ref, view)
-            rec = mon.record(reason, ref, losses)
+            rec = mon.record(reason, ref, losses, version=self.loop.version)
             self._log_rescue({"event": "rescue", "step": self.loop.step, **tag, **rec})
             log.warning("SFT rescue (%s)%s on %s (reward %.3f): loss %.3f -> %.3f", reason,
                         f" of {task}" if self.multi else "", ref["origin"], ref["reward"],
@@ -517,7 +519,7 @@ class _Trainer:
                           [render_response(ref["plan"], ref["code"])],
                           prompt.max_prompt_tokens, prompt.max_response_tokens)
         self.state, losses = sft_update(self.learner, self.state, batch, rc.sft_lr,
-                                        rc.sft_steps)
+                                        rc.sft_steps, rc.sft_target_loss, rc.sft_min_steps)
         self.loop.version += 1
         self.publisher.publish(self.state.policy_params, self.loop.version)
         return losses

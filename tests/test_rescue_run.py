@@ -59,7 +59,10 @@ def test_rescue_update_repairs_a_broken_policy(comps):
                       [render_response(ref["plan"], ref["code"])],
                       comps.prompt_cfg.max_prompt_tokens, comps.prompt_cfg.max_response_tokens)
     rc = RescueConfig()  # the defaults the loop uses
-    state, losses = sft_update(learner, state, batch, rc.sft_lr, rc.sft_steps)
+    state, losses = sft_update(learner, state, batch, rc.sft_lr, rc.sft_steps,
+                               rc.sft_target_loss, rc.sft_min_steps)
+    assert rc.sft_min_steps <= len(losses) <= rc.sft_steps
+    assert losses[-1] <= rc.sft_target_loss or len(losses) == rc.sft_steps
     after = _valid_rate(comps, state.policy_params)
     assert before == 0.0 and losses[-1] < 0.2 * losses[0]
     assert after >= before + 0.25, (before, after)

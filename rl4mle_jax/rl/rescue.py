@@ -41,12 +41,23 @@ class RescueMonitor:
     valid_rates: list[float] = dataclasses.field(default_factory=list)
     rescues: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
-    def observe(self, rewards: Any, valid: Any) -> None:
-        """One learner batch: its rewards and which of them are valid."""
-        r = np.asarray(rewards, np.float64)
+    def observe(self, rewards: Any, valid: Any, versions: Any = None) -> bool:
+        """One learner batch: its rewards, which of them are valid and (optionally) the policy
+        version that sampled each. Rows sampled before the last rescue's version show the
+        policy it replaced, so they are left out, and a batch with none left is not counted
+        (episodes in flight during a rescue would otherwise judge it). Returns whether the
+        batch counted."""
+        r, v = np.asarray(rewards, np.float64), np.asarray(valid, bool)
+        since = self.rescues[-1].get("version") if self.rescues else None
+        if versions is not None and since is not None:
+            keep = np.asarray(versions) >= since
+            r, v = r[keep], v[keep]
+        if r.size == 0:
+            return False
         self.spreads.append(float(r.max() - r.min()))
         self.bests.append(float(r.max()))
-        self.valid_rates.append(float(np.mean(np.asarray(valid, bool))))
+        self.valid_rates.append(float(np.mean(v)))
+        return True
 
     @property
     def _since_last(self) -> int:
@@ -64,10 +75,13 @@ class RescueMonitor:
             return "reference_gap"
         return None
 
-    def record(self, reason: str, reference: dict[str, Any], losses: list[float]) -> dict:
-        """Note a rescue made now; returns its record (completed by `outcome` later)."""
+    def record(self, reason: str, reference: dict[str, Any], losses: list[float],
+               version: int | None = None) -> dict:
+        """Note a rescue made now (`version`: the policy version it published; later batches
+        count only rows sampled from it on); returns its record (completed by `outcome`)."""
         w = self.window_steps
-        rec = {"at_batch": len(self.bests), "reason": reason,
+        rec = {"at_batch": len(self.bests), "reason": reason, "version": version,
+               "sft_steps": len(losses),
                "reference": {k: reference.get(k) for k in ("origin", "reward", "score")},
                "sft_loss_first": losses[0] if losses else None,
                "sft_loss_last": losses[-1] if losses else None,
@@ -131,12 +145,14 @@ def sft_batch(tokenizer: Any, prompt: str, responses: list[str], max_prompt: int
                       tokenizer.pad_id, shared_prompt=True)
 
 
-def sft_update(learner: Any, state: Any, batch: dict[str, np.ndarray], lr: float, steps: int
+def sft_update(learner: Any, state: Any, batch: dict[str, np.ndarray], lr: float, steps: int,
+               target_loss: float | None = None, min_steps: int = 1
                ) -> tuple[Any, list[float]]:
-    """`steps` supervised steps on `batch` with a fresh Adam(lr), on the learner's mesh and
-    shardings; only the policy moves (critic and PPO optimizer states are left as they are:
-    the actor's Adam moments then lag the jump, which its next updates absorb). Compiled per
-    call: rescues are rare."""
+    """Supervised steps on `batch` with a fresh Adam(lr), on the learner's mesh and shardings:
+    `steps` of them, or with `target_loss` at least `min_steps` and then until the mean token
+    loss is <= target_loss (at most `steps`). Only the policy moves (critic and PPO optimizer
+    states are left as they are: the actor's Adam moments then lag the jump, which its next
+    updates absorb). Compiled per call: rescues are rare."""
     import jax
     import optax
 
@@ -149,9 +165,11 @@ def sft_update(learner: Any, state: Any, batch: dict[str, np.ndarray], lr: float
     opt_state = jax.jit(opt.init)(params)
     b = jax.device_put(batch, shd.replicated(learner.mesh))  # a few rows: on every device
     losses = []
-    for _ in range(steps):
+    for i in range(steps):
         params, opt_state, loss = step(params, opt_state, b)
-        losses.append(float(loss))
+        losses.append(float(loss))  # the loss before this step's update
+        if target_loss is not None and i + 1 >= min_steps and losses[-1] <= target_loss:
+            break
     return state.replace(policy_params=params), losses
 
 

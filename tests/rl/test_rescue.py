@@ -67,3 +67,47 @@ def test_best_reference_takes_the_best_that_fits():
     fits = lambda r: len(r["code"]) < 100  # noqa: E731
     assert best_reference(fixed, buffer_best, fits)["origin"].startswith("best solution")
     assert best_reference([], None) is None
+
+
+def test_rows_sampled_before_a_rescue_do_not_judge_it():
+    mon = RescueMonitor(window_steps=1, patience_steps=2)
+    assert mon.observe([-10, -10], [False, False], versions=[3, 3])
+    rec = mon.record("no_separation", REF, [1.0, 0.04], version=5)
+    assert rec["version"] == 5 and rec["sft_steps"] == 2
+    # Still in flight during the rescue (versions 3, 4): not counted at all.
+    assert not mon.observe([-10, -10], [False, False], versions=[3, 4])
+    assert mon.outcome() is None and len(mon.bests) == 1
+    # A mixed batch counts only its rows from the rescued policy on.
+    assert mon.observe([-10, 0.8, -10], [False, True, False], versions=[4, 5, 6])
+    out = mon.outcome()
+    assert out["valid_rate_after"] == 0.5 and out["separated_after"] is True
+    assert mon.observe([-10], [False])  # without versions every row counts, as before
+
+
+def test_sft_update_stops_at_the_target_loss(monkeypatch):
+    """At least min_steps, then until the loss reaches the target, at most steps."""
+    import types
+
+    import jax.numpy as jnp
+
+    from rl4mle_jax.rl import rescue
+    from rl4mle_jax.warmstart import sft
+
+    curve = iter([2.0, 1.0, 0.5, 0.04, 0.03, 0.02, 0.01])
+
+    def fake_step(config, opt):
+        return lambda params, opt_state, batch: (params, opt_state, next(curve))
+
+    monkeypatch.setattr(sft, "make_sft_step", fake_step)
+    from rl4mle_jax import sharding
+    learner = types.SimpleNamespace(model_config=None, mesh=sharding.make_mesh(data=1))
+    state = types.SimpleNamespace(policy_params={"w": jnp.zeros(2)},
+                                  replace=lambda **kw: types.SimpleNamespace(**kw))
+    batch = {"tokens": np.zeros((1, 4), np.int32)}
+    _, losses = rescue.sft_update(learner, state, batch, 1e-3, steps=6, target_loss=0.05,
+                                  min_steps=2)
+    assert losses == [2.0, 1.0, 0.5, 0.04]  # stopped at the first loss <= 0.05
+    curve = iter([2.0, 0.01, 0.01, 0.01])
+    _, losses = rescue.sft_update(learner, state, batch, 1e-3, steps=6, target_loss=0.05,
+                                  min_steps=3)
+    assert losses == [2.0, 0.01, 0.01]  # but never fewer than min_steps
