@@ -174,6 +174,8 @@ def _group_estimator(method: str) -> Estimator:
     return estimator
 
 
+FLAT_TOL = 1e-6  # scores closer than this are equal (flat_scores)
+
 # name -> (estimator, whiten the advantages over the batch by default)
 ADVANTAGE_ESTIMATORS: dict[str, tuple[Estimator, bool]] = {
     "gae": (_gae_estimator, True),
@@ -194,6 +196,7 @@ def compute_advantages(
     gamma: float = 1.0,
     lam: float = 1.0,
     whiten_advantages: bool | None = None,
+    zero_flat: bool = False,
 ) -> Advantages:
     """Token rewards → advantages and returns with the estimator registered under `estimator`.
 
@@ -201,6 +204,11 @@ def compute_advantages(
       kl_bt, kl_coef: per-token KL to the reference, subtracted from the token rewards.
       group_ids_b: int [B] group of each episode (e.g. its prompt) for grpo/rloo.
       whiten_advantages: None uses the estimator's default (gae: True, grpo/rloo: False).
+      zero_flat: when every episode with a response has the same score (and no KL is in the
+        reward) the batch says nothing about which actions are better: its advantages are set
+        to 0 (the returns, the critic's targets, are kept). Whitened GAE advantages of such a
+        batch are the critic's errors scaled up to unit variance, a full-size policy step on
+        noise. (Group estimators already give 0 there.)
     """
     if estimator not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"advantage estimator {estimator!r} is not one of "
@@ -212,4 +220,17 @@ def compute_advantages(
     out = fn(rewards_bt, response_mask_bt, values_bt, group_ids_b, gamma, lam)
     if default_whiten if whiten_advantages is None else whiten_advantages:
         out = Advantages(whiten(out.advantages_bt, response_mask_bt), out.returns_bt)
+    if zero_flat and (kl_bt is None or kl_coef == 0):
+        out = Advantages(jnp.where(flat_scores(scores_b, response_mask_bt), 0.0,
+                                   out.advantages_bt), out.returns_bt)
     return out
+
+
+def flat_scores(scores_b: jax.Array, response_mask_bt: jax.Array) -> jax.Array:
+    """Whether every row with a response token has the same score (a bool scalar; True for a
+    batch without responses)."""
+    rows = jnp.any(response_mask_bt > 0, axis=1)
+    scores = scores_b.astype(jnp.float32)
+    hi = jnp.max(jnp.where(rows, scores, -jnp.inf))
+    lo = jnp.min(jnp.where(rows, scores, jnp.inf))
+    return jnp.logical_or(~jnp.any(rows), hi - lo <= FLAT_TOL)

@@ -230,7 +230,7 @@ class Learner:
             cfg.advantage_estimator, x["rewards"].astype(jnp.float32), x["mask"],
             values_bt=values_bt, kl_bt=x.get("kl_ref") if cfg.kl_mode == "reward" else None,
             kl_coef=cfg.kl_coef, group_ids_b=x.get("group_ids"), gamma=cfg.gamma, lam=cfg.lam,
-            whiten_advantages=cfg.whiten_advantages)
+            whiten_advantages=cfg.whiten_advantages, zero_flat=cfg.zero_flat_batches)
 
     def _loss(self, policy, critic, x, normalizer, entropy_coef):
         cfg = self.config

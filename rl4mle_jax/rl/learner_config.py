@@ -64,6 +64,9 @@ class LearnerConfig:
     gamma: float = 1.0
     lam: float = 1.0
     whiten_advantages: bool | None = None  # None: the estimator's default (gae yes, groups no)
+    # A batch whose scores are all equal has no policy signal: advantages 0, the critic still
+    # learns (rl.advantages.compute_advantages(zero_flat)); False: whitened critic noise.
+    zero_flat_batches: bool = True
     # "off" | "batch_mean" | "log1p" | "inverse_inclusion" (1/p̂ of the arrival model,
     # rl.arrival; the batch carries "inclusion")
     duration_weighting: str = "batch_mean"

@@ -173,3 +173,33 @@ def test_group_size_zero_is_one_group_over_the_whole_batch():
                                atol=1e-6)
     with pytest.raises(ValueError, match="group_size must be >= 0"):
         LearnerConfig(critic="none", advantage_estimator="rloo", group_size=-1)
+
+
+def test_a_batch_of_equal_scores_has_zero_advantages_but_keeps_its_returns():
+    """zero_flat: whitened GAE of equal scores would be the critic's errors at unit scale."""
+    rng = np.random.default_rng(5)
+    values = rng.normal(0, 0.1, (B, T)).astype(np.float32)
+    flat = np.full(B, -10.0, np.float32)
+    flat[3] = 7.0  # row 3 has no response: its score does not count
+    noisy = adv_lib.compute_advantages("gae", jnp.asarray(flat), jnp.asarray(MASK),
+                                       values_bt=jnp.asarray(values))
+    ref_adv, ref_ret = _np_gae(_np_token_rewards(flat, MASK), values, MASK, 1, 1)
+    np.testing.assert_allclose(np.asarray(noisy.advantages_bt), _np_whiten(ref_adv, MASK),
+                               rtol=1e-4, atol=1e-5)
+    assert np.std(np.asarray(noisy.advantages_bt)[MASK > 0]) > 0.9  # noise at unit scale
+    zeroed = adv_lib.compute_advantages("gae", jnp.asarray(flat), jnp.asarray(MASK),
+                                        values_bt=jnp.asarray(values), zero_flat=True)
+    np.testing.assert_array_equal(np.asarray(zeroed.advantages_bt), 0.0)
+    np.testing.assert_allclose(np.asarray(zeroed.returns_bt), ref_ret, rtol=1e-5, atol=1e-6)
+    # Any spread among the rows with responses: unchanged.
+    kept = adv_lib.compute_advantages("gae", jnp.asarray(SCORES), jnp.asarray(MASK),
+                                      values_bt=jnp.asarray(values), zero_flat=True)
+    ref_adv, _ = _np_gae(_np_token_rewards(SCORES, MASK), values, MASK, 1, 1)
+    np.testing.assert_allclose(np.asarray(kept.advantages_bt), _np_whiten(ref_adv, MASK),
+                               rtol=1e-4, atol=1e-5)
+    # KL in the reward is a signal of its own: not zeroed.
+    kl = rng.uniform(0, 0.5, (B, T)).astype(np.float32)
+    with_kl = adv_lib.compute_advantages("gae", jnp.asarray(flat), jnp.asarray(MASK),
+                                         values_bt=jnp.asarray(values), kl_bt=jnp.asarray(kl),
+                                         kl_coef=0.05, zero_flat=True)
+    assert np.abs(np.asarray(with_kl.advantages_bt)).max() > 0.1
