@@ -56,7 +56,7 @@ from rl4mle_jax.rl.rescue import (
 from rl4mle_jax.rollout.buffer import ExperienceLog, SolutionBuffer
 from rl4mle_jax.rollout.collate import (
     ShapeForecast,
-    bucket_length,
+    batch_shape,
     build_batch,
     episode_durations,
     smallest_cover,
@@ -705,11 +705,9 @@ class _Trainer:
         """Runs on the learner's lane: batch → (old values, ref log-probs if needed) →
         train_step → the new version published to the sampler."""
         learner, t0 = self.learner, time.perf_counter()
-        run, limits = self.config.run, self.config.prompt
-        own = (bucket_length(max(len(e.prompt_ids) for e in batch), run.length_bucket,
-                             limits.max_prompt_tokens),
-               bucket_length(max(len(e.response_ids) for e in batch), run.length_bucket,
-                             limits.max_response_tokens))
+        limits = self.config.prompt
+        own = batch_shape(batch, limits.max_prompt_tokens, limits.max_response_tokens,
+                          self.config.run.length_bucket)
         # Not compiled for its own shape: padded to the smallest compiled one that holds it
         # (padding changes no loss), so the step compiles only when none does.
         compiled = self._compiled_shapes()

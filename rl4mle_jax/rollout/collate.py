@@ -70,8 +70,7 @@ def build_batch(experiences: Sequence[Any], max_prompt: int, max_response: int, 
                              f"tokens, over max_response_tokens={max_response}")
     longest_p = max((len(e.prompt_ids) for e in experiences), default=0)
     longest_r = max((len(e.response_ids) for e in experiences), default=0)
-    p, r = ((bucket_length(longest_p, length_bucket, max_prompt),
-             bucket_length(longest_r, length_bucket, max_response)) if pad_to is None
+    p, r = (batch_shape(experiences, max_prompt, max_response, length_bucket) if pad_to is None
             else pad_to)
     if p < longest_p or r < longest_r:
         raise ValueError(f"pad_to={pad_to} is shorter than the batch's longest prompt "
@@ -99,6 +98,16 @@ def build_batch(experiences: Sequence[Any], max_prompt: int, max_response: int, 
         "rewards": np.asarray([e.reward for e in experiences], np.float32),
         "dt_s": episode_durations(experiences, duration_source, duration_floor_s),
     }
+
+
+def batch_shape(experiences: Sequence[Any], max_prompt: int, max_response: int,
+                length_bucket: int) -> tuple[int, int]:
+    """The batch's own padded (P, R): its longest prompt and longest response, each rounded up
+    to a multiple of `length_bucket` and capped at the maxima (0: the maxima)."""
+    return (bucket_length(max((len(e.prompt_ids) for e in experiences), default=0),
+                          length_bucket, max_prompt),
+            bucket_length(max((len(e.response_ids) for e in experiences), default=0),
+                          length_bucket, max_response))
 
 
 def smallest_cover(shape: tuple[int, int], compiled: Collection[tuple[int, int]]
