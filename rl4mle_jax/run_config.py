@@ -137,6 +137,7 @@ class SandboxConfig:
     output_bytes: int = 256 * 1024
     disk_mb: int | None = 1024
     max_inodes: int | None = 16384
+    nice: int = 0  # 0-19 added to each program's niceness (configs/task.py: the learner first)
     ray_inner: str = "bwrap"  # backend "ray": the sandbox each node runs
     ray_address: str | None = None  # backend "ray": cluster to join (None: $RAY_ADDRESS/local)
 

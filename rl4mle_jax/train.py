@@ -104,6 +104,9 @@ def initial_eval_key(config: Any, source: dict[str, Any] | None = None) -> str:
     d = json.loads(config.to_json_best_effort())
     for name in _NOT_IN_INITIAL_EVAL:
         d.pop(name, None)
+    # Niceness orders the programs' CPU after the host's, it changes no outcome (and the key
+    # of the evaluations made before the field existed stays).
+    d.get("env", {}).pop("nice", None)
     if not d.get("tasks"):  # one task: the key of the runs made before config.tasks existed
         d.pop("tasks", None)
     d["eval_samples"] = config.run.eval_samples

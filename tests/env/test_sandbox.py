@@ -151,6 +151,24 @@ print(json.dumps(out))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_nice_lowers_the_programs_priority_only(backend, task):
+    """Limits.nice: the program (and what it starts) runs that much nicer than the host, and
+    cannot undo it; the host process keeps its own niceness."""
+    host = os.nice(0)
+    code = ("import os, subprocess, sys\n"
+            "child = subprocess.run([sys.executable, '-c', 'import os; print(os.nice(0))'],"
+            " capture_output=True, text=True).stdout.strip()\n"
+            "try:\n    os.nice(-1); undone = True\nexcept OSError:\n    undone = False\n"
+            "print(os.nice(0) if not undone else 'undone', child)")
+    for nice in (0, 7):
+        res = _sandbox(backend, work_root=task["runs"], nice=nice).run(code, task["input"])
+        assert res.status == "ok", res.stderr
+        want = min(19, host + nice)
+        assert res.stdout.split() == [str(want), str(want)], (nice, res.stdout)
+    assert os.nice(0) == host
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_network_is_unreachable(backend, task, tmp_path):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

@@ -106,6 +106,9 @@ def test_limits_to_rlimits():
 
 
 def test_bad_arguments_name_the_problem(tmp_path):
+    for nice in (-1, 20, 2.5, True):
+        with pytest.raises(ValueError, match=r"nice must be an integer in 0\.\.19"):
+            Sandbox(backend="subprocess", nice=nice)
     with pytest.raises(ValueError, match="unknown sandbox backend 'chroot'"):
         Sandbox(backend="chroot")
     with pytest.raises(ValueError, match="timeout_s must be positive"):

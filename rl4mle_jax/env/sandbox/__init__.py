@@ -43,7 +43,9 @@ class Sandbox:
     memory_mb: memory of the whole run (cgroup; also each process's RLIMIT_AS). cpus: cores the
     run may use (CFS quota), and the OMP/MKL/OpenBLAS thread counts. max_procs: processes +
     threads of the run. max_file_mb: largest file it may write. disk_mb / max_inodes: bytes and
-    entries of its whole run dir (tmpfs). output_bytes: kept per stream (head+tail).
+    entries of its whole run dir (tmpfs). output_bytes: kept per stream (head+tail). nice: added
+    to the program's niceness (0-19), so work of the host on the same cores (a learner on CPU)
+    goes first.
     python: host interpreter whose libraries programs may import (default: this one).
     image: the "docker" backend's image (built locally by scripts/docker_image.sh).
     ray_inner / ray_address: the "ray" backend's sandbox on each node, and the cluster to join
@@ -53,7 +55,7 @@ class Sandbox:
     def __init__(self, backend: str = "bwrap", timeout_s: float = 300.0,
                  memory_mb: int | None = 8192, cpus: float = 1.0, max_procs: int | None = 256,
                  max_file_mb: int | None = 1024, output_bytes: int = 256 * 1024,
-                 disk_mb: int | None = 1024, max_inodes: int | None = 16384,
+                 disk_mb: int | None = 1024, max_inodes: int | None = 16384, nice: int = 0,
                  python: str | None = None, work_root: str | Path | None = None,
                  image: str = "rl4mle-sandbox:local", max_concurrency: int = 64,
                  docker_client: Any = None, ray_inner: str = "bwrap",
@@ -66,7 +68,7 @@ class Sandbox:
         self.limits = Limits(timeout_s=float(timeout_s), memory_mb=memory_mb, cpus=float(cpus),
                              max_procs=max_procs, max_file_mb=max_file_mb,
                              output_bytes=int(output_bytes), disk_mb=disk_mb,
-                             max_inodes=max_inodes)
+                             max_inodes=max_inodes, nice=nice)
         self.python = python or sys.executable
         self.work_root = Path(work_root) if work_root is not None else default_work_root()
         if backend == "bwrap":

@@ -283,7 +283,8 @@ class BwrapBackend:
             status_r, status_w = os.pipe()
             exe = self.layout.inner_exe
             argv = limiter.argv_prefix() + args + launcher_argv(
-                exe, [exe, PROGRAM_NAME], status_fd=status_w, rlimits=limits.rlimits(), uid=uid)
+                exe, [exe, PROGRAM_NAME], status_fd=status_w, rlimits=limits.rlimits(), uid=uid,
+                nice=limits.nice)
             raw = run_process(argv, cwd=None, env=sandbox_env(limits.threads, path, env),
                               timeout_s=limits.timeout_s, output_bytes=limits.output_bytes,
                               status_fd=(status_r, status_w), pass_fds=tuple(fds),

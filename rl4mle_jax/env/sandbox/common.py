@@ -37,10 +37,13 @@ class Limits:
     output_bytes: int
     disk_mb: int | None = 1024
     max_inodes: int | None = 16384
+    nice: int = 0  # added to the program's niceness (0-19): the host's own work goes first
 
     def __post_init__(self) -> None:
         if not self.cpus > 0:
             raise ValueError(f"cpus must be positive (cores), got {self.cpus}")
+        if isinstance(self.nice, bool) or int(self.nice) != self.nice or not 0 <= self.nice <= 19:
+            raise ValueError(f"nice must be an integer in 0..19, got {self.nice!r}")
         for name, least in (("memory_mb", 16), ("max_procs", 1), ("max_file_mb", 1),
                             ("disk_mb", 1), ("max_inodes", MIN_INODES)):
             v = getattr(self, name)

@@ -69,7 +69,7 @@ def _iso_seconds(a: str, b: str) -> float | None:
 def _launcher_command(limits: Limits, uid: int) -> list[str]:
     """The launcher's argv, preceded by opening the status file as fd _STATUS_FD (as root)."""
     argv = launcher_argv(INNER_PYTHON, [INNER_PYTHON, PROGRAM_NAME], status_fd=_STATUS_FD,
-                         rlimits=limits.rlimits(), uid=uid)
+                         rlimits=limits.rlimits(), uid=uid, nice=limits.nice)
     assert argv[3] == "-c"
     opener = (f"import os as _o\n_f = _o.open({f'/workdir/{STATUS_DIR}/status'!r}, "
               "_o.O_WRONLY | _o.O_NOFOLLOW)\n"

@@ -53,6 +53,8 @@ if pid == 0:
             os.close(kr)
             os.close(ew)
             cmd = [cmd[0], "-c", cfg["bootstrap"], str(k2), str(e2)] + cmd[1:]
+        if cfg.get("nice"):
+            os.nice(cfg["nice"])
         for name, value in cfg["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (value, value))
         os.execv(cmd[0], cmd)
@@ -94,13 +96,15 @@ LAUNCHER_SOURCE = READER + f"\nSTATUS_MAX = {_STATUS_MAX}\n" + LAUNCHER_SOURCE
 
 def launcher_argv(python: str, program: list[str], *, status_fd: int, rlimits: dict[str, int],
                   uid: int | None = None, gid: int | None = None,
-                  witness: bool = True) -> list[str]:
+                  witness: bool = True, nice: int = 0) -> list[str]:
     """argv that runs `program` under the launcher with `python` (a path inside the sandbox).
 
     witness: start `program` ([python, script, *args]) under the witness bootstrap.
+    nice: added to the program's niceness (the launcher itself keeps the caller's).
     """
     cfg: dict[str, Any] = {"status_fd": status_fd, "rlimits": rlimits, "uid": uid,
-                           "gid": gid if gid is not None else uid, "witness": bool(witness)}
+                           "gid": gid if gid is not None else uid, "witness": bool(witness),
+                           "nice": int(nice)}
     if witness:
         cfg["bootstrap"] = BOOTSTRAP
     return [python, "-I", "-S", "-c", LAUNCHER_SOURCE, json.dumps(cfg), *program]

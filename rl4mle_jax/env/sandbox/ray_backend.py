@@ -115,7 +115,7 @@ def run_on_node(code: str, digest: str, input_ref: list, limits: dict, env: dict
         sandbox = Sandbox(inner, timeout_s=lim.timeout_s, memory_mb=lim.memory_mb,
                           cpus=lim.cpus, max_procs=lim.max_procs, max_file_mb=lim.max_file_mb,
                           output_bytes=lim.output_bytes, disk_mb=lim.disk_mb,
-                          max_inodes=lim.max_inodes, python=sys.executable,
+                          max_inodes=lim.max_inodes, nice=lim.nice, python=sys.executable,
                           work_root=root / "runs", max_concurrency=1)
         _NODE_SANDBOXES[key] = sandbox
     res = sandbox.run(code, input_dir, env=env)

@@ -125,7 +125,7 @@ class SubprocessBackend:
             # the run into its cgroups.
             argv = limiter.argv_prefix() + launcher_argv(
                 self.python, [self.python, PROGRAM_NAME], status_fd=status_w,
-                rlimits=limits.rlimits(), uid=uid)
+                rlimits=limits.rlimits(), uid=uid, nice=limits.nice)
             raw = run_process(argv, cwd=str(wd), env=sandbox_env(limits.threads, path, env,
                                                                  home=tmp, tmpdir=tmp),
                               timeout_s=limits.timeout_s, output_bytes=limits.output_bytes,
