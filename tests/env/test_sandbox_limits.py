@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rl4mle_jax.env.sandbox import ExecResult, Sandbox
-from rl4mle_jax.env.sandbox.cgroups import PREFIX, detect
+from rl4mle_jax.env.sandbox.cgroups import PREFIX, cpu_weight, detect
 from rl4mle_jax.env.sandbox.runfs import remove_tree
 
 pytestmark = [
@@ -300,6 +300,32 @@ def test_stale_cgroups_of_dead_hosts_are_swept():
         d.mkdir()
     assert cg.sweep() >= len(stale)
     assert not any(d.exists() for d in stale)
+
+
+def test_cpu_weight_follows_the_kernels_nice_levels():
+    """Each nice level is ~10% of CPU against a nice-0 task: weights fall ~1.25x per level."""
+    v1 = [cpu_weight(n, 1) for n in range(20)]
+    assert v1[0] == 1024 and v1[10] == 110 and v1[19] == 15
+    assert all(1.19 < a / b < 1.31 for a, b in zip(v1, v1[1:]))
+    v2 = [cpu_weight(n, 2) for n in range(20)]
+    assert v2[0] == 100 and v2[19] == 1 and v2 == sorted(v2, reverse=True)
+    assert all(abs(b - a * 100 / 1024) <= 0.5 for a, b in zip(v1, v2))
+
+
+@needs_root
+def test_a_niced_runs_cgroup_weighs_like_a_niced_task():
+    """Niceness counts only inside a cgroup: the run's cgroup itself gets the weight."""
+    cg, _ = detect()
+    assert cg is not None, "this machine allows cgroups as root"
+    for nice in (0, 10):
+        run = cg.create(64, 1.0, 16, nice=nice)
+        try:
+            files = [d / ("cpu.shares" if cg.version == 1 else "cpu.weight") for d in run.dirs]
+            values = {int(f.read_text()) for f in files if f.exists()}
+            assert values == {cpu_weight(nice, cg.version) if nice else
+                              (1024 if cg.version == 1 else 100)}, (nice, values)
+        finally:
+            run.remove()
 
 
 @needs_root

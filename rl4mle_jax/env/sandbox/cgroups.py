@@ -2,15 +2,16 @@
 
 One cgroup per run, chosen once per backend by `detect()`, in this order:
 - "cgroup v2": a writable cgroup2 hierarchy whose own cgroup offers memory and pids (cpu when
-  offered). Limits: memory.max (memory.swap.max = 0), pids.max, cpu.max; memory.oom.group = 1
+  offered). Limits: memory.max (memory.swap.max = 0), pids.max, cpu.max (and cpu.weight for a
+  niced run, below); memory.oom.group = 1
   so an OOM kills the whole run. Peak = memory.peak, OOM = memory.events oom_kill, the end =
   cgroup.kill.
   If the host's own cgroup holds only the host process, the host moves itself into a leaf
   `rl4mle-host` so that controllers can be enabled below it (the no-internal-process rule).
 - "cgroup v1": the memory, pids and cpu hierarchies (root, or a delegated v1 tree). Limits:
-  memory.limit_in_bytes (+ memsw), pids.max, cpu.cfs_quota_us; peak = memory.max_usage_in_bytes,
-  OOM = memory.oom_control oom_kill (the host then kills the rest of the tree, as oom.group
-  would). The end kills every pid in cgroup.procs until it is empty.
+  memory.limit_in_bytes (+ memsw), pids.max, cpu.cfs_quota_us (+ cpu.shares); peak =
+  memory.max_usage_in_bytes, OOM = memory.oom_control oom_kill (the host then kills the rest of
+  the tree, as oom.group would). The end kills every pid in cgroup.procs until it is empty.
 - "watchdog" (no writable cgroups: unprivileged without delegation): see watchdog.py; memory
   is polled, CPU share is only the thread-count environment, processes only RLIMIT_NPROC.
 
@@ -33,6 +34,11 @@ take a per-process lock; on kernels >= 6.18 a one-way switch until reboot).
 Cgroups are named rl4mle-<pid namespace>-<host pid>-<host start time>-<seq>; `sweep()` removes
 those of dead hosts in our pid namespace, so a killed host leaks nothing past the next start.
 tmpfs pages the run writes (its run dir, runfs.py) are charged to its memory cgroup.
+
+Niceness (Limits.nice) orders tasks only within their own cgroup: the scheduler weighs a run's
+cgroup against the host's processes as one nice-0 task, whatever the niceness inside. So a
+niced run's cgroup gets the weight the kernel gives that niceness (about 1/1.25 per level:
+cpu.shares in v1, cpu.weight (100 = nice 0) in v2), and the host's work goes first.
 """
 
 from __future__ import annotations
@@ -57,6 +63,18 @@ _SEQ_LOCK = threading.Lock()
 # v1 `tasks` (moves the calling thread, no global lock) or v2 `cgroup.procs` (the process).
 JOIN_SCRIPT = ('while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; '
                'exec "$@"')
+
+
+# The kernel's weight of a task at nice 0..19 (kernel/sched/core.c, sched_prio_to_weight).
+NICE_WEIGHTS = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45, 36, 29,
+                23, 18, 15)
+
+
+def cpu_weight(nice: int, version: int) -> int:
+    """The cgroup CPU weight that weighs a run like one task at `nice`: v1 cpu.shares (1024 =
+    nice 0), v2 cpu.weight (100 = nice 0, least 1)."""
+    w = NICE_WEIGHTS[nice]
+    return w if version == 1 else max(1, round(w * 100 / 1024))
 
 
 def _read(path: Path) -> str:
@@ -223,7 +241,7 @@ class Cgroups:
         self.tag = host_tag()
 
     def create(self, memory_mb: int | None, cpus: float | None,
-               max_procs: int | None) -> RunCgroup:
+               max_procs: int | None, nice: int = 0) -> RunCgroup:
         with _SEQ_LOCK:
             name = f"{PREFIX}{self.tag}-{next(_SEQ)}"
         dirs: list[Path] = []
@@ -235,8 +253,13 @@ class Cgroups:
             run = RunCgroup(self.version, dirs)
             if self.version == 2:
                 self._limit_v2(dirs[0], memory_mb, cpus, max_procs)
+                if nice and (dirs[0] / "cpu.weight").exists():
+                    _write(dirs[0] / "cpu.weight", str(cpu_weight(nice, 2)))
             else:
                 self._limit_v1(dirs, memory_mb, cpus, max_procs)
+                for d in dirs:
+                    if nice and (d / "cpu.shares").exists():
+                        _write(d / "cpu.shares", str(cpu_weight(nice, 1)))
         except BaseException:
             RunCgroup(self.version, dirs).remove()
             raise

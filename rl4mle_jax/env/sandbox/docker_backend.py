@@ -18,10 +18,11 @@ without launcher or witness (`evidence` None: markers only), and says so in `war
 
 The same limits as the other backends, as container options: the container's cgroup bounds
 memory (mem_limit = memswap_limit: no swap), processes (pids_limit) and CPU (nano_cpus = cpus
-cores); RLIMIT_FSIZE per file. Disk: /tmp is a container tmpfs of disk_mb / max_inodes (charged
-to the container's memory); /workdir is a host bind, which is itself a size-limited tmpfs when
-the host process is root (runfs.py) and shares its mount namespace with the Docker daemon;
-otherwise the run dir is bounded per file only. "oom" also comes from Docker's State.OOMKilled.
+cores; cpu_shares of a niced run, cgroups.cpu_weight); RLIMIT_FSIZE per file. Disk: /tmp is a
+container tmpfs of disk_mb / max_inodes (charged to the container's memory); /workdir is a
+host bind, which is itself a size-limited tmpfs when the host process is root (runfs.py) and
+shares its mount namespace with the Docker daemon; otherwise the run dir is bounded per file
+only. "oom" also comes from Docker's State.OOMKilled.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from rl4mle_jax.env.sandbox.cgroups import cpu_weight
 from rl4mle_jax.env.sandbox.common import (
     PROGRAM_NAME,
     Limits,
@@ -180,6 +182,8 @@ class DockerBackend:
             cfg["mem_limit"] = cfg["memswap_limit"] = f"{int(limits.memory_mb)}m"
         if limits.max_procs:
             cfg["pids_limit"] = int(limits.max_procs)
+        if limits.nice:  # niceness inside counts only within the container's own cgroup
+            cfg["cpu_shares"] = cpu_weight(limits.nice, 1)
         return cfg
 
     def run(self, code: str, input_dir: Path, limits: Limits, env: dict[str, str] | None,

@@ -28,7 +28,8 @@ class RunLimiter:
         self.notes: list[str] = []
         if cgroups is not None:
             try:
-                self.cg = cgroups.create(limits.memory_mb, limits.cpus, limits.max_procs)
+                self.cg = cgroups.create(limits.memory_mb, limits.cpus, limits.max_procs,
+                                         limits.nice)
             except OSError as e:
                 self.notes.append(f"{cgroups.mechanism} not created ({e}); watchdog instead")
         self.dog = None if self.cg is not None and self.run_fs else Watchdog(
