@@ -36,7 +36,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from rl4mle_jax import checkpoint as ckpt_lib
-from rl4mle_jax import multitask, sharding, study
+from rl4mle_jax import multitask, sharding, spmd, study
 from rl4mle_jax.best_of_n import best_of_n, save_eval, solve_prompt_text, token_lengths
 from rl4mle_jax.components import Components, build_components, task_views
 from rl4mle_jax.engine import Engine
@@ -44,7 +44,6 @@ from rl4mle_jax.env.instrument_lm import Instrumenter
 from rl4mle_jax.env.instrument_static import MILESTONES
 from rl4mle_jax.report import brief_eval, write_best_solution, write_report
 from rl4mle_jax.rl.arrival import ArrivalModel
-from rl4mle_jax.rl.batch import old_values_in_step
 from rl4mle_jax.rl.learner import make_learner
 from rl4mle_jax.rl.rescue import (
     RescueMonitor,
@@ -136,6 +135,7 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
     sweep evaluate each seed's initial policy once) → RL until max_steps or the wall-clock
     budget → best-of-N of the final policy → best solution and report.md.
     """
+    spmd.check_config(config)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=1))
@@ -167,9 +167,12 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
             shared.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(initial_path, shared)
     trainer = _Trainer(config, workdir, comps, warmup_lengths=token_lengths(initial))
-    summary = asyncio.run(trainer.run())
+    try:
+        summary = asyncio.run(trainer.run())
+    finally:
+        trainer.leader.stop("the run failed")  # no-op once stopped (or with one process)
     log.info("best-of-%d of the final policy", n)
-    final = evaluate(trainer.state.policy_params)
+    final = evaluate(trainer.publisher.latest()[0])  # the sampler's copy of the last version
     save_eval(final, workdir / "eval_final.json")
     if comps.views:
         bests = {t: write_best_solution(v, workdir / "best_solution" / t, trainer.buffers[t],
@@ -192,6 +195,11 @@ class _Trainer:
         # (prompt, response) token lengths the warm-up forecasts the first batches' shapes from.
         self.warmup_lengths = list(warmup_lengths)
         run = config.run
+        # Several JAX processes: this is process 0; the others mirror its learner operations
+        # (spmd.follow), from loading the same initial policy on.
+        self.leader = spmd.Leader()
+        if spmd.multiprocess():
+            self.leader.init(comps.source, str(config.model.dtype))
         meshes = sharding.make_meshes(**config.mesh)
         self.learner = make_learner(comps.model_config, dict(config.learner), meshes.learner)
         self.lane = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="device-lane")
@@ -201,8 +209,11 @@ class _Trainer:
             concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sampler-lane")
             if self.split else self.lane)
         self.sampler_busy = BusySpans()
+        # Several processes: the samplers use process 0's own copy on its first device.
+        sampler_mesh = (meshes.sampler if self.split
+                        else spmd.sampler_mesh() if spmd.multiprocess() else None)
         self.publisher = WeightPublisher(
-            param_shardings(comps.model_config, meshes.sampler) if self.split else None)
+            param_shardings(comps.model_config, sampler_mesh) if sampler_mesh else None)
         self.ckpt = ckpt_lib.CheckpointManager(workdir / "checkpoints",
                                                max_to_keep=run.keep_checkpoints)
         self.explog = ExperienceLog(workdir / "experience.jsonl")
@@ -238,7 +249,7 @@ class _Trainer:
         initial = self.learner.shard_params(comps.params)
         # The frozen copy (never updated) samples on the sampler's devices; the learner keeps
         # one on its own mesh only as the KL reference.
-        self.frozen = initial if not self.split else self.publisher.place(comps.params)
+        self.frozen = initial if sampler_mesh is None else self.publisher.place(comps.params)
         self.reference = initial if self.learner.config.uses_ref else None
         if latest is None:
             self.state = self.learner.init_state(initial, jax.random.PRNGKey(config.seed))
@@ -432,6 +443,7 @@ class _Trainer:
                 if svc is not None:
                     await svc.stop()
         self._save(force=True)
+        self.leader.stop("done")  # before closing: orbax's close waits for every process
         self.ckpt.close()
         self.explog.close()
         self.metrics.close()
@@ -575,36 +587,18 @@ class _Trainer:
             return None
         return exp
 
-    def _step_arrays(self, batch: list[Experience], pad_to: tuple[int, int] | None = None,
-                     forward: bool = True) -> tuple[dict[str, Any], float | None]:
-        """The train step's batch (and the sampler-vs-learner log-prob gap, when measured).
-        forward=False: the device passes' outputs (old values, reference log-probs) are zeros
-        placed as those passes place them, for compiling the step ahead (values unused)."""
+    def _host_arrays(self, batch: list[Experience], pad_to: tuple[int, int] | None = None,
+                     forward: bool = True) -> dict[str, np.ndarray]:
+        """The train step's batch as host arrays (spmd.device_inputs adds what device passes
+        compute). forward=False: for compiling the step ahead (values unused)."""
         cfg, learner = self.config, self.learner
         arrays = build_batch(batch, cfg.prompt.max_prompt_tokens, cfg.prompt.max_response_tokens,
                              self.c.tokenizer.pad_id, cfg.run.duration_source,
                              cfg.run.duration_floor_s, length_bucket=cfg.run.length_bucket,
                              pad_to=pad_to)
-        tokens, mask = arrays["tokens"], arrays["attention_mask"]
-
-        def device_zeros() -> jax.Array:
-            return jax.device_put(np.zeros(tokens.shape, np.float32), learner.batch_sharding)
-
-        fresh = np.asarray([e.params_version == self.loop.version for e in batch], np.float32)
-        behaviour_gap = None
-        if learner.config.uses_critic and not old_values_in_step(learner.config):
-            # Several updates per batch: the advantages need values fixed before the first.
-            out = (learner.compute_logprobs_and_values(
-                self.state.policy_params, self.state.critic_params, tokens, mask) if forward
-                else {"values": device_zeros(), "logprobs": device_zeros()})
-            arrays["values_old"] = out["values"]
-            arrays["prox_logprobs"] = out["logprobs"]  # the proximal policy (learner.off_policy)
-            if forward:
-                resp = arrays["response_mask"] * fresh[:, None]
-                behaviour_gap = float((np.abs(np.asarray(out["logprobs"])
-                                              - arrays["old_logprobs"]) * resp).max())
-        else:  # the train step's own forward gives the old values and the learner log-probs
-            arrays["fresh"] = fresh
+        # Rows sampled with the params being trained: the behaviour log-prob gap's rows.
+        arrays["fresh"] = np.asarray([e.params_version == self.loop.version for e in batch],
+                                     np.float32)
         if self.multi and learner.config.advantage_estimator != "gae":
             # A group baseline compares rows of one task only (rollout/task_mix.py).
             arrays["group_ids"] = task_group_ids([self.task_ids.index(e.task) for e in batch],
@@ -612,10 +606,15 @@ class _Trainer:
         if learner.config.duration_weighting.replace("-", "_") == "inverse_inclusion":
             arrays["inclusion"] = (self.arrivals.inclusion(arrays["dt_s"]) if forward
                                    else np.ones_like(arrays["dt_s"]))
-        if learner.config.uses_ref:
-            arrays["ref_logprobs"] = (learner.compute_logprobs(self.reference, tokens, mask)
-                                      if forward else device_zeros())
-        return arrays, behaviour_gap
+        return arrays
+
+    def _behaviour_gap(self, arrays: dict[str, Any], logprobs: Any) -> float | None:
+        """Sampler vs learner log-probs of the same tokens under the same params (the rows
+        sampled with the params being trained), from the old-values pass when there is one."""
+        if logprobs is None or spmd.multiprocess():  # (those are spread over the processes)
+            return None
+        resp = arrays["response_mask"] * arrays["fresh"][:, None]
+        return float((np.abs(np.asarray(logprobs) - arrays["old_logprobs"]) * resp).max())
 
     def _warm_up(self, policy: Any, frozen: Any | None) -> dict[str, Any]:
         """Before the RL clock: compiles each service's sampler programs and the train step at
@@ -688,11 +687,14 @@ class _Trainer:
                                     response_ids=list(e.response_ids)[:r],
                                     logprobs=list(e.logprobs)[:r])
                 for e in (recent * run.batch_size)[:run.batch_size]]
-        arrays, _ = self._step_arrays(rows, pad_to=(p, r), forward=False)
+        host = self._host_arrays(rows, pad_to=(p, r), forward=False)
 
         def compile_it() -> bool:
             t = time.perf_counter()
+            self.leader.send("compile", host)
             try:
+                arrays, _ = spmd.device_inputs(self.learner, self.state, self.reference, host,
+                                               forward=False)
                 self.learner.compile_train_step(arrays)
             except Exception as e:  # noqa: BLE001 - then the step compiles it, as without this
                 log.warning("compiling the train step ahead for P=%d, R=%d failed: %r", p, r, e)
@@ -722,10 +724,14 @@ class _Trainer:
             waited = time.perf_counter() - t
         new_shape = shape not in compiled and (ahead is None or not ahead.result())
         self._step_shapes.add(shape)
-        arrays, behaviour_gap = self._step_arrays(batch, pad_to=shape)
+        host = self._host_arrays(batch, pad_to=shape)
+        sent = self.leader.send("train", host)
+        arrays, logprobs = spmd.device_inputs(learner, self.state, self.reference, host)
+        behaviour_gap = self._behaviour_gap(host, logprobs)
         tokens = arrays["tokens"]
         self.state, metrics = learner.train_step(self.state, arrays)
         out = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        self.leader.forget(sent)  # every process took part in this step: it read the commands
         # Sampler vs learner log-probs of the same tokens under the same params (only at
         # staleness 0): a check that both compute the same distribution.
         if "behaviour_logp_gap_max" in out:
@@ -807,6 +813,7 @@ class _Trainer:
                 "task_mix": self.mix.state_dict(), "best": self.task_best,
                 "buffers": {t: b.state_dict() for t, b in self.buffers.items()},
                 "rescues": {t: r.state_dict() for t, r in self.rescues.items()}}
+        self.leader.send("save", step=self.loop.step, force=force)
         self.ckpt.save(self.loop.step, self.state, meta, force=force)
 
 

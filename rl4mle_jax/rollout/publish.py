@@ -8,6 +8,9 @@ services read `latest()` once per batched sampler call: a call runs wholly under
 and each Generation carries the version of the weights that produced it (the sampler switches
 versions between requests, not between decode steps).
 
+With several JAX processes (rl4mle_jax/spmd.py) the samplers run on process 0's first device:
+publishing brings the params there (without communication where process 0 holds a replica).
+
 With one mesh, publishing hands the learner's own arrays on, without a copy: sampler and
 learner take turns on one device lane, so a train step never donates arrays that a sampler
 call is still reading.
@@ -20,7 +23,7 @@ from typing import Any
 
 import jax
 
-from rl4mle_jax import models
+from rl4mle_jax import distributed, models
 from rl4mle_jax import sharding as shd
 
 
@@ -47,8 +50,15 @@ class WeightPublisher:
         self.published = 0  # publish() calls
 
     def place(self, params: Any) -> Any:
-        """params on the sampler's devices (the same arrays with one mesh)."""
-        return params if self.shardings is None else jax.device_put(params, self.shardings)
+        """params on the sampler's devices (the same arrays with one mesh). Learner params that
+        span several processes come to this one first (`distributed.to_local`: every process
+        calls it at the same point, rl4mle_jax/spmd.py)."""
+        if self.shardings is None:
+            return params
+        if any(isinstance(x, jax.Array) and not x.is_fully_addressable
+               for x in jax.tree.leaves(params)):
+            params = distributed.to_local(params)
+        return jax.device_put(params, self.shardings)
 
     def publish(self, params: Any, version: int) -> None:
         """Make `params` (policy version `version`) the sampler's from its next call on."""
