@@ -92,11 +92,16 @@ def _whole_here(x: Any) -> bool:
     return not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated
 
 
+def needs_gather(tree: Any) -> bool:
+    """Whether `to_local(tree)` communicates (some leaf is whole on no single process)."""
+    return not all(_whole_here(x) for x in jax.tree.leaves(tree))
+
+
 def to_local(tree: Any) -> Any:
     """Every leaf's full value as numpy on this process: its own replica where every process
     holds one (no communication), else `gather` (then every process must call this, in the same
     order; the choice depends only on the shardings, which every process shares)."""
-    if all(_whole_here(x) for x in jax.tree.leaves(tree)):
+    if not needs_gather(tree):
         return jax.tree.map(lambda x: np.asarray(x.addressable_data(0))
                             if isinstance(x, jax.Array) and not x.is_fully_addressable
                             else np.asarray(x), tree)

@@ -132,6 +132,16 @@ class Leader:
             self.stopped = True
 
 
+def _mirror_publish(params: Any) -> None:
+    """Process 0's WeightPublisher.place brings the new policy to its sampler: the gather it
+    makes when no process holds a whole replica needs every process (the values are dropped
+    here); with replicas it communicates nothing and there is nothing to mirror. (With FSDP
+    every process receives the whole policy each step: multihost_utils has no gather to one
+    process.)"""
+    if distributed.needs_gather(params):
+        distributed.gather(params)
+
+
 def follow(config: Any, workdir: str | Path) -> dict[str, Any]:
     """The loop on a process other than 0: mirrors process 0's learner operations until it
     stops; returns counts of what was done."""
@@ -156,7 +166,7 @@ def follow(config: Any, workdir: str | Path) -> dict[str, Any]:
                 state = learner.init_state(initial, jax.random.PRNGKey(config.seed))
             else:
                 state, _ = ckpt.restore(learner.abstract_state(), latest)
-            distributed.to_local(state.policy_params)  # process 0 publishes its copy
+            _mirror_publish(state.policy_params)
             log.info("process %d follows process 0 (%s)", jax.process_index(),
                      f"resumed at step {latest}" if latest is not None else "new run")
         elif kind == "compile":
@@ -166,7 +176,7 @@ def follow(config: Any, workdir: str | Path) -> dict[str, Any]:
         elif kind == "train":
             batch, _ = device_inputs(learner, state, reference, arrays)
             state, _ = learner.train_step(state, batch)
-            distributed.to_local(state.policy_params)  # as process 0's WeightPublisher.place
+            _mirror_publish(state.policy_params)
             done["train"] += 1
         elif kind == "save":
             ckpt.save(info["step"], state, {}, force=info["force"])
