@@ -31,15 +31,19 @@ def _start(out, num_processes, process_id, devices, port):
         text=True)
 
 
-def _wait(procs):
+def _wait(procs, timeout_s: float = 600) -> list[str]:
+    """Each process's output, once every one has exited 0 (all killed on a timeout)."""
+    outs = []
     for p in procs:
         try:
-            out, _ = p.communicate(timeout=600)
+            out, _ = p.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
             pytest.fail("multihost check timed out")
         assert p.returncode == 0, out[-3000:]
+        outs.append(out)
+    return outs
 
 
 @pytest.mark.slow

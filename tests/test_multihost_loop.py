@@ -3,7 +3,6 @@ the loop, process 1 mirrors its learner operations (rl4mle_jax/spmd.py) over one
 all four devices; then both resume from the checkpoint they wrote together."""
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.test_multihost import _free_port, _wait  # noqa: E402
 from tests.test_train import _cli_flags, _records  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def _run_both(warm_cache, workdir: Path, **overrides) -> list[str]:
@@ -34,18 +28,7 @@ def _run_both(warm_cache, workdir: Path, **overrides) -> list[str]:
             [sys.executable, str(ROOT / "experiments" / "run.py"),
              f"--config={ROOT / 'configs' / 'task.py'}", f"--workdir={workdir}", *flags],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT))
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("the two-process loop timed out")
-        outs.append(out)
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-4000:]
-    return outs
+    return _wait(procs, timeout_s=900)
 
 
 @pytest.mark.slow
