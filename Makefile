@@ -10,17 +10,23 @@ PIP := .venv/bin/pip
 	$(PIP) install -q -c constraints.txt -e ".[test,docker,ray]"
 	touch .venv/.installed
 
+# System packages: bubblewrap (the sandbox; required) and tcmalloc (the host's allocator: XLA:CPU's
+# train step runs ~2x faster than under glibc malloc, rl4mle_jax/allocator.py; optional).
+APT := $(if $(filter 0,$(shell id -u)),,sudo) apt-get
+
 setup: .venv/.installed
-	@command -v bwrap >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq bubblewrap; \
-	  else sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap; fi; }
+	@command -v bwrap >/dev/null || { $(APT) update -qq && $(APT) install -y -qq bubblewrap; }
+	@$(PY) -m rl4mle_jax.allocator --check || { $(APT) update -qq && \
+	  $(APT) install -y -qq libtcmalloc-minimal4; } || \
+	  echo "tcmalloc not installed: glibc malloc, a slower train step (rl4mle_jax/allocator.py)"
 
 run: setup
 	$(PY) experiments/run.py --config configs/task.py
 
+# The suite runs under the allocator the entry points pick (RL4MLE_MALLOC; glibc when none).
 test: setup
 	.venv/bin/ruff check .
-	$(PY) -m pytest -q --durations=25 tests
+	LD_PRELOAD="$$($(PY) -m rl4mle_jax.allocator)" $(PY) -m pytest -q --durations=25 tests
 
 lint: setup
 	.venv/bin/ruff check .

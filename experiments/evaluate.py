@@ -16,6 +16,10 @@ from absl import app, flags
 from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rl4mle_jax.allocator import reexec_with_tcmalloc  # noqa: E402
+
+if __name__ == "__main__":
+    reexec_with_tcmalloc()  # before JAX allocates anything (rl4mle_jax/allocator.py)
 
 from configs import task as task_config  # noqa: E402
 from rl4mle_jax import checkpoint as ckpt_lib  # noqa: E402

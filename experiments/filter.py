@@ -26,6 +26,10 @@ from ml_collections import config_flags
 from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rl4mle_jax.allocator import reexec_with_tcmalloc  # noqa: E402
+
+if __name__ == "__main__":
+    reexec_with_tcmalloc()  # before JAX allocates anything (rl4mle_jax/allocator.py)
 
 from rl4mle_jax import compile_cache  # noqa: E402
 from rl4mle_jax import filter as filter_lib  # noqa: E402

@@ -22,6 +22,10 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rl4mle_jax.allocator import reexec_with_tcmalloc  # noqa: E402
+
+if __name__ == "__main__":
+    reexec_with_tcmalloc()  # before JAX allocates anything (rl4mle_jax/allocator.py)
 
 from rl4mle_jax import compile_cache  # noqa: E402
 from rl4mle_jax import study as st  # noqa: E402

@@ -219,6 +219,10 @@ class RunConfig:
     # the initial best-of-N's lengths (same policy, same prompt kinds). Its time is reported.
     warmup: bool = True
     warmup_shapes: int = 2
+    # And execute the train step once at each warm-up shape, on a copy of the state, on the CPU
+    # backend with one process: XLA:CPU's first execution of a shape faults in its temporaries'
+    # pages (~20 s at the largest shape here, Learner.run_once); later steps reuse them.
+    warmup_execute: bool = True
     # A program byte-identical to an earlier episode's reuses that run's record and Δt (waiting
     # out its time, so arrival order holds) up to this many times, then runs afresh
     # (rollout/run_cache.py). 0: every program runs (the paper).

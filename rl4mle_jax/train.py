@@ -35,8 +35,8 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from rl4mle_jax import allocator, multitask, sharding, spmd, study
 from rl4mle_jax import checkpoint as ckpt_lib
-from rl4mle_jax import multitask, sharding, spmd, study
 from rl4mle_jax.best_of_n import best_of_n, save_eval, solve_prompt_text, token_lengths
 from rl4mle_jax.components import Components, build_components, task_views
 from rl4mle_jax.engine import Engine
@@ -122,7 +122,8 @@ def _write_provenance(workdir: Path) -> None:
     except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
         starts = []
     starts.append({"commit": study.git_commit(Path(__file__).parent), "argv": sys.argv,
-                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                   "allocator": allocator.loaded_allocator()})
     path.write_text(json.dumps({"starts": starts}, indent=1))
 
 
@@ -140,6 +141,7 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=1))
     _write_provenance(workdir)
+    log.info("host allocator: %s", allocator.loaded_allocator())
     comps = build_components(config, workdir)
     key = jax.random.PRNGKey(config.seed)
     n, temp, slots = config.run.eval_samples, config.sampling.temperature, config.run.slots
@@ -635,12 +637,14 @@ class _Trainer:
         largest = (self.config.prompt.max_prompt_tokens, self.config.prompt.max_response_tokens)
         likely = [s for s in forecast.likely(run.precompile_min_prob) if s != largest]
         shapes = (likely[:run.warmup_shapes - 1] + [largest])[:run.warmup_shapes]
+        execute = (run.warmup_execute and jax.default_backend() == "cpu"
+                   and not spmd.multiprocess())
         compiled = []
         for p, r in shapes:
             stand_in = Experience(-1, "solve", [pad] * p, [pad] * r, [0.0] * r, self.loop.version,
                                   0.0, {}, "", None, True, 0.0, 1.0, 1.0, {}, task=task)
-            if self._compile_step_ahead(p, r, [stand_in]).result():  # one at a time
-                compiled.append([p, r])
+            if self._compile_step_ahead(p, r, [stand_in], execute=execute).result():
+                compiled.append([p, r])  # one at a time
         t2 = time.perf_counter()
         out = {"seconds": t2 - t0, "sampler_s": t1 - t0, "sampler_programs": programs,
                "train_step_s": t2 - t1, "train_step_shapes": compiled}
@@ -677,11 +681,12 @@ class _Trainer:
         cover = smallest_cover(shape, compiled)
         return cover is not None and sum(cover) <= (1 + self.config.run.pad_slack) * sum(shape)
 
-    def _compile_step_ahead(self, p: int, r: int, recent: list[Experience]
-                            ) -> concurrent.futures.Future:
+    def _compile_step_ahead(self, p: int, r: int, recent: list[Experience],
+                            execute: bool = False) -> concurrent.futures.Future:
         """Submits the train step's compile for (P, R) to the compile-ahead thread, with
         `recent` cut to that shape standing in for a batch; the future (True if compiled) is
-        what a step at that shape waits for instead of compiling."""
+        what a step at that shape waits for instead of compiling. execute: then run it once on
+        a copy of the state (Learner.run_once; only while nothing trains)."""
         run = self.config.run
         rows = [dataclasses.replace(e, prompt_ids=list(e.prompt_ids)[-p:],
                                     response_ids=list(e.response_ids)[:r],
@@ -696,11 +701,14 @@ class _Trainer:
                 arrays, _ = spmd.device_inputs(self.learner, self.state, self.reference, host,
                                                forward=False)
                 self.learner.compile_train_step(arrays)
+                if execute:
+                    self.learner.run_once(self.state, arrays)
             except Exception as e:  # noqa: BLE001 - then the step compiles it, as without this
                 log.warning("compiling the train step ahead for P=%d, R=%d failed: %r", p, r, e)
                 return False
-            log.info("train step compiled ahead for batch shape (%d, %d) (P=%d, R=%d): %.1f s",
-                     run.batch_size, p + r, p, r, time.perf_counter() - t)
+            log.info("train step compiled ahead%s for batch shape (%d, %d) (P=%d, R=%d): "
+                     "%.1f s", " and run once" if execute else "", run.batch_size, p + r, p, r,
+                     time.perf_counter() - t)
             return True
 
         self._compiling[(p, r)] = self._compiler.submit(compile_it)

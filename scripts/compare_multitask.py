@@ -29,6 +29,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from rl4mle_jax.allocator import reexec_with_tcmalloc  # noqa: E402
+
+if __name__ == "__main__":
+    reexec_with_tcmalloc()  # before JAX allocates anything (rl4mle_jax/allocator.py)
 
 from configs import task as task_config  # noqa: E402
 from rl4mle_jax import compile_cache  # noqa: E402

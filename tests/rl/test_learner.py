@@ -262,3 +262,21 @@ def test_compiled_ahead_the_step_compiles_nothing(params):
         assert np.isfinite(float(metrics["loss"]))
         assert backend_compiles() == before, f"length {t} compiled again"
     assert int(state.step) == 2
+
+
+def test_run_once_leaves_the_state_as_it_was(params):
+    """run_once executes the step on a copy (the warm-up's page touch): the state is neither
+    donated nor changed, and the next real step equals one taken without it."""
+    learner = make_learner(TINY, LearnerConfig(), shd.make_mesh(data=1, fsdp=1, tensor=1,
+                                                                devices=jax.devices()[:1]))
+    fresh = lambda: learner.init_state(learner.shard_params(params), jax.random.PRNGKey(1))
+    state, plain = fresh(), fresh()
+    before = jax.tree.map(np.asarray, state)
+    learner.run_once(state, _batch(seed=4))
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, state), before)
+    state, m1 = learner.train_step(state, _batch(seed=3))
+    plain, m2 = learner.train_step(plain, _batch(seed=3))
+    assert int(state.step) == 1
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, state.policy_params),
+                 jax.tree.map(np.asarray, plain.policy_params))
+    assert float(m1["loss"]) == float(m2["loss"])
