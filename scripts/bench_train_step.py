@@ -12,7 +12,11 @@ the warm start's model (preset "tiny"), batch 8, prompts of ~480 and responses o
 turn, --steps rounds, median):
     before         pad to 512 + 768, separate old-values forward, then train_step
     bucket         pad to the length bucket (run.length_bucket), separate old-values forward
-    bucket+fused   pad to the bucket, old values from the step's own forward (the default)
+    all-logits     pad to the bucket, old values from the step's own forward, the logits of
+                   every position, the prompt's too (the step before learner.logits_start;
+                   "before" and "bucket" compute them too)
+    bucket+fused   the same, logits from where the responses start (learner.logits_start;
+                   the default)
     shared         the same with critic="shared" (value head on the policy trunk)
     none-grpo      critic="none", advantage_estimator="grpo" (rloo costs the same step)
 It prints time per step and per episode, each mode's ratio to "before", and the learner steps
@@ -44,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl4mle_jax import models
+from rl4mle_jax import distributed, models
 from rl4mle_jax import sharding as shd
 from rl4mle_jax.rl.batch import old_values_in_step
 from rl4mle_jax.rl.learner import make_learner
@@ -126,12 +130,15 @@ def bench(name: str, batch: int, seq: int, steps: int, mesh, micro: int) -> dict
 
 
 # ------------------------------------------------------------------- --real: the default run
-REAL_MODES = {  # name -> (length_bucket, separate old-values pass, learner overrides)
-    "before": (0, True, {}),
-    "bucket": (64, True, {}),
-    "bucket+fused": (64, False, {}),
-    "shared": (64, False, dict(critic="shared")),
-    "none-grpo": (64, False, dict(critic="none", advantage_estimator="grpo", group_size=4)),
+REAL_MODES = {  # name -> (length_bucket, separate old-values pass, learner overrides,
+    #                  logits of every position instead of from the responses' start)
+    "before": (0, True, {}, True),
+    "bucket": (64, True, {}, True),
+    "all-logits": (64, False, {}, True),
+    "bucket+fused": (64, False, {}, False),
+    "shared": (64, False, dict(critic="shared"), False),
+    "none-grpo": (64, False, dict(critic="none", advantage_estimator="grpo", group_size=4),
+                  False),
 }
 
 
@@ -172,13 +179,14 @@ def bench_real(args, mesh) -> None:
           f"{jax.devices()[0].platform}")
     runs = {}
     for name in modes:
-        bucket, two_pass, over = REAL_MODES[name]
+        bucket, two_pass, over, all_logits = REAL_MODES[name]
         lc = dataclasses.replace(base, **over)
         learner = make_learner(c, lc, mesh)
         state = learner.init_state(learner.shard_params(params), jax.random.PRNGKey(1))
         arrays = build_batch(exps, p_max, r_max, 0, length_bucket=bucket)
         two_pass = two_pass or not old_values_in_step(lc)
-        runs[name] = dict(learner=learner, state=state, arrays=arrays, two_pass=two_pass)
+        runs[name] = dict(learner=learner, state=state, arrays=arrays, two_pass=two_pass,
+                          all_logits=all_logits)
 
     def one_step(r):
         learner, arrays = r["learner"], dict(r["arrays"])
@@ -188,7 +196,11 @@ def bench_real(args, mesh) -> None:
                 r["state"].policy_params, r["state"].critic_params, arrays["tokens"],
                 arrays["attention_mask"])
             arrays["values_old"] = out["values"]
-        r["state"], metrics = learner.train_step(r["state"], arrays)
+        if r["all_logits"]:  # logits_from=0: the unembedding over prompt positions too
+            batch = distributed.to_global(learner.prepare_batch(arrays), learner.batch_sharding)
+            r["state"], metrics = learner.train_step_jit(r["state"], batch, 0)
+        else:
+            r["state"], metrics = learner.train_step(r["state"], arrays)
         jax.block_until_ready(metrics)
         return time.perf_counter() - t
 

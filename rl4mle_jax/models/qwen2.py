@@ -197,10 +197,14 @@ class DecoderLayer(nn.Module):
 
 
 class Qwen2(nn.Module):
-    """Returns (logits_btv float32, new_kv tuple or None, final hidden [B, T, H])."""
+    """Returns (logits_btv float32, new_kv tuple or None, final hidden [B, T, H]).
+
+    logits_from: the unembedding runs on positions [logits_from, T) only (logits
+    [B, T - logits_from, V]); a learner that scores response tokens skips the prompt's."""
 
     config: Qwen2Config
     remat: bool = False
+    logits_from: int = 0
 
     @nn.compact
     def __call__(self, tokens_bt, positions_bt, allowed_bts, kv=None, cache_index=None):
@@ -217,10 +221,11 @@ class Qwen2(nn.Module):
                                                               cache_index)
             new_kv.append(layer_new)
         x = RMSNorm(cfg.rms_norm_eps, cfg.params_dtype, name="norm")(x)
+        head_in = x[:, self.logits_from:] if self.logits_from else x
         if cfg.tie_word_embeddings:
-            logits = embed.attend(x)
+            logits = embed.attend(head_in)
         else:
-            logits = LMHead(cfg.vocab_size, dt, cfg.params_dtype, name="lm_head")(x)
+            logits = LMHead(cfg.vocab_size, dt, cfg.params_dtype, name="lm_head")(head_in)
         kv_out = None if kv is None else (tuple(p[0] for p in new_kv), tuple(p[1] for p in new_kv))
         return logits.astype(jnp.float32), kv_out, x
 
@@ -284,9 +289,10 @@ def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype: Any = None)
 def forward_with_hidden(config: Qwen2Config, params: Params, tokens_bt: jax.Array,
                         positions_bt: jax.Array, attention_mask_bt: jax.Array | None = None,
                         cache: KVCache | None = None, cache_index: jax.Array | int | None = None,
-                        *, remat: bool = False
+                        *, remat: bool = False, logits_from: int = 0
                         ) -> tuple[jax.Array, KVCache | None, jax.Array]:
-    """Like `forward`, also returning the final-norm hidden states [B, T, H] (compute dtype)."""
+    """Like `forward`, also returning the final-norm hidden states [B, T, H] (compute dtype).
+    logits_from (static): logits of positions [logits_from, T) only."""
     b, t = tokens_bt.shape
     if attention_mask_bt is None:
         attention_mask_bt = jnp.ones((b, t), jnp.int32)
@@ -306,7 +312,7 @@ def forward_with_hidden(config: Qwen2Config, params: Params, tokens_bt: jax.Arra
     key_slots = jnp.arange(key_mask_bs.shape[1])
     causal_bts = key_slots <= query_slots[..., None]  # [T, S] or [B, T, S]
     allowed_bts = causal_bts & key_mask_bs[:, None, :]
-    logits_btv, new_kv, hidden = Qwen2(config, remat=remat).apply(
+    logits_btv, new_kv, hidden = Qwen2(config, remat=remat, logits_from=logits_from).apply(
         {"params": params}, tokens_bt, positions_bt, allowed_bts, kv, cache_index)
     new_cache = None if cache is None else KVCache(new_kv[0], new_kv[1], new_mask)
     return logits_btv, new_cache, hidden
@@ -314,18 +320,19 @@ def forward_with_hidden(config: Qwen2Config, params: Params, tokens_bt: jax.Arra
 
 def forward(config: Qwen2Config, params: Params, tokens_bt: jax.Array, positions_bt: jax.Array,
             attention_mask_bt: jax.Array | None = None, cache: KVCache | None = None,
-            cache_index: jax.Array | int | None = None, *, remat: bool = False
-            ) -> tuple[jax.Array, KVCache | None]:
+            cache_index: jax.Array | int | None = None, *, remat: bool = False,
+            logits_from: int = 0) -> tuple[jax.Array, KVCache | None]:
     """Returns (logits_btv float32, new_cache).
 
     Without a cache, token t attends to tokens <= t whose mask is 1. With a cache, the block is
     written at slots [cache_index, cache_index + T) and attends to every slot <= its own whose
     cache mask is 1 (the block's own mask is written into the cache mask first). cache_index is
-    one slot for the whole batch or, as a [B] array, one per row.
+    one slot for the whole batch or, as a [B] array, one per row. logits_from (static): the
+    logits of positions [logits_from, T) only, [B, T - logits_from, V].
     """
     logits_btv, new_cache, _ = forward_with_hidden(config, params, tokens_bt, positions_bt,
                                                    attention_mask_bt, cache, cache_index,
-                                                   remat=remat)
+                                                   remat=remat, logits_from=logits_from)
     return logits_btv, new_cache
 
 

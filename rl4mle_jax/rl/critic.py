@@ -74,19 +74,21 @@ def value_head_apply(head: Params, hidden_bth: jax.Array) -> jax.Array:
 
 def logits_and_shared_values(config: models.Qwen2Config, policy_params: Params,
                              value_head: Params, tokens_bt: jax.Array,
-                             attention_mask_bt: jax.Array, *, remat: bool = False
-                             ) -> tuple[jax.Array, jax.Array]:
-    """(logits [B, T, V], values [B, T]) from one policy forward (shared trunk)."""
+                             attention_mask_bt: jax.Array, *, remat: bool = False,
+                             logits_from: int = 0) -> tuple[jax.Array, jax.Array]:
+    """(logits [B, T - logits_from, V], values [B, T]) from one policy forward (shared
+    trunk)."""
     logits_btv, _, hidden_bth = models.forward_with_hidden(
         config, policy_params, tokens_bt, models.positions_from_mask(attention_mask_bt),
-        attention_mask_bt, remat=remat)
+        attention_mask_bt, remat=remat, logits_from=logits_from)
     return logits_btv.astype(jnp.float32), value_head_apply(value_head, hidden_bth)
 
 
 def policy_logits(config: models.Qwen2Config, policy_params: Params, tokens_bt: jax.Array,
-                  attention_mask_bt: jax.Array, *, remat: bool = False) -> jax.Array:
-    """Logits [B, T, V] float32 of the policy (left padding)."""
+                  attention_mask_bt: jax.Array, *, remat: bool = False,
+                  logits_from: int = 0) -> jax.Array:
+    """Logits [B, T - logits_from, V] float32 of the policy (left padding)."""
     logits_btv, _ = models.forward(config, policy_params, tokens_bt,
                                    models.positions_from_mask(attention_mask_bt),
-                                   attention_mask_bt, remat=remat)
+                                   attention_mask_bt, remat=remat, logits_from=logits_from)
     return logits_btv.astype(jnp.float32)

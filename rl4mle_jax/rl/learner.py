@@ -35,6 +35,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
@@ -65,14 +66,33 @@ def shift_right(x_bt: jax.Array) -> jax.Array:
     return jnp.pad(x_bt[:, :-1], ((0, 0), (1, 0)))
 
 
-def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array
+def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array, start: int = 0
                                ) -> tuple[jax.Array, jax.Array]:
-    """log p(tokens[t] | tokens[<t]) and that distribution's entropy, both [B, T] (0 at t=0)."""
+    """log p(tokens[t] | tokens[<t]) and that distribution's entropy, both [B, T] (0 at
+    t <= start). logits_btv holds positions [start, T) (`logits_from`=start)."""
     logp_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32), axis=-1)
-    logp_bt = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
+    logp_bt = jnp.take_along_axis(logp_btv, tokens_bt[:, start + 1:, None], axis=-1)[..., 0]
     entropy_bt = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
-    pad = ((0, 0), (1, 0))
+    pad = ((0, 0), (start + 1, 0))
     return jnp.pad(logp_bt, pad), jnp.pad(entropy_bt, pad)
+
+
+LOGITS_ALIGN = 8  # logits_start rounds down to a multiple of this (fewer distinct compiles)
+
+
+def logits_start(response_mask_bt: Any) -> int:
+    """The first position whose logits a batch's loss reads: the one before its earliest
+    response token, rounded down to a multiple of LOGITS_ALIGN (0 where the mask is not on this
+    host). Positions before it only predict prompt tokens, which no loss term counts; the
+    loop's batches start every response at column P, so the step skips the unembedding and
+    softmax of ~P of its P + R positions."""
+    if isinstance(response_mask_bt, jax.Array) and not response_mask_bt.is_fully_addressable:
+        return 0
+    cols = np.flatnonzero(np.asarray(response_mask_bt).any(axis=0))
+    if cols.size == 0:
+        return 0
+    start = max(int(cols[0]) - 1, 0)
+    return start - start % LOGITS_ALIGN
 
 
 def _combine(metrics: dict[str, jax.Array], weights: jax.Array) -> dict[str, jax.Array]:
@@ -137,10 +157,11 @@ class Learner:
         self.init_state = jax.jit(self._init_state_impl,
                                   in_shardings=(self.policy_shardings, repl),
                                   out_shardings=self.state_shardings)
+        # Third argument, logits_from (static): where the loss's logits start (logits_start).
         self.train_step_jit = jax.jit(self._train_step_impl,
                                       in_shardings=(self.state_shardings, self.batch_sharding),
                                       out_shardings=(self.state_shardings, repl),
-                                      donate_argnums=0)
+                                      donate_argnums=0, static_argnums=2)
         bs = self.batch_sharding
         self.compute_logprobs_and_values = jax.jit(
             self._logprobs_and_values_impl,
@@ -183,15 +204,18 @@ class Learner:
 
     # ------------------------------------------------------------------ model passes
     def _model_outputs(self, policy: Any, critic: Any, tokens_bt: jax.Array,
-                       attention_mask_bt: jax.Array) -> tuple[jax.Array, jax.Array | None]:
-        """(logits / temperature [B, T, V], values aligned like log-probs [B, T] or None)."""
+                       attention_mask_bt: jax.Array, logits_from: int = 0
+                       ) -> tuple[jax.Array, jax.Array | None]:
+        """(logits / temperature [B, T - logits_from, V], values aligned like log-probs [B, T]
+        or None)."""
         mc, mode, remat = self.model_config, self.config.critic, self.config.remat
         if mode == "shared":
             logits, values = critic_lib.logits_and_shared_values(
-                mc, policy, critic["value_head"], tokens_bt, attention_mask_bt, remat=remat)
+                mc, policy, critic["value_head"], tokens_bt, attention_mask_bt, remat=remat,
+                logits_from=logits_from)
         else:
             logits = critic_lib.policy_logits(mc, policy, tokens_bt, attention_mask_bt,
-                                              remat=remat)
+                                              remat=remat, logits_from=logits_from)
             values = (critic_lib.critic_values(mc, critic, tokens_bt, attention_mask_bt,
                                                remat=remat)
                       if mode == "separate" else None)
@@ -232,10 +256,11 @@ class Learner:
             kl_coef=cfg.kl_coef, group_ids_b=x.get("group_ids"), gamma=cfg.gamma, lam=cfg.lam,
             whiten_advantages=cfg.whiten_advantages, zero_flat=cfg.zero_flat_batches)
 
-    def _loss(self, policy, critic, x, normalizer, entropy_coef):
+    def _loss(self, policy, critic, x, normalizer, entropy_coef, logits_from=0):
         cfg = self.config
-        logits, values = self._model_outputs(policy, critic, x["tokens"], x["attention_mask"])
-        logp, entropy = token_logprobs_and_entropy(logits, x["tokens"])
+        logits, values = self._model_outputs(policy, critic, x["tokens"], x["attention_mask"],
+                                             logits_from)
+        logp, entropy = token_logprobs_and_entropy(logits, x["tokens"], logits_from)
         step_metrics = {}
         if "advantages" not in x:  # single pass: the old values are this forward's values
             values_old = jax.lax.stop_gradient(values)
@@ -279,7 +304,7 @@ class Learner:
         metrics.update(step_metrics)
         return loss, metrics
 
-    def _minibatch_grads(self, policy, critic, mb, entropy_coef):
+    def _minibatch_grads(self, policy, critic, mb, entropy_coef, logits_from=0):
         """Gradients of the minibatch loss, accumulated over micro-batches (leading axis of mb)."""
         mask_all = mb["mask"].reshape(-1, mb["mask"].shape[-1])
         normalizer = ppo.aggregation_normalizer(mask_all, self.config.agg_mode)
@@ -294,7 +319,7 @@ class Learner:
             if constrain:
                 x = jax.tree.map(lambda a: shd.with_batch_constraint(a, self.mesh, self.rules), x)
             (loss, metrics), (g_pol, g_crit) = grad_fn(policy, critic, x, normalizer,
-                                                       entropy_coef)
+                                                       entropy_coef, logits_from=logits_from)
             acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, (g_pol, g_crit))
             metrics["loss"] = loss
             return acc, (metrics, jnp.sum(x["mask"]) / n_tokens)
@@ -304,7 +329,8 @@ class Learner:
         cast = lambda g, p: jax.tree.map(lambda a, q: a.astype(q.dtype), g, p)
         return cast(g_pol, policy), cast(g_crit, critic), metrics
 
-    def _train_step_impl(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+    def _train_step_impl(self, state: TrainState, batch: Batch, logits_from: int = 0
+                         ) -> tuple[TrainState, dict]:
         cfg = self.config
         tokens = batch["tokens"]
         b, t = tokens.shape
@@ -358,7 +384,8 @@ class Learner:
         def update(carry, idx_nm):
             policy, critic, a_opt, c_opt = carry
             mb = jax.tree.map(lambda x: x[idx_nm], rows)
-            g_pol, g_crit, metrics = self._minibatch_grads(policy, critic, mb, entropy_coef)
+            g_pol, g_crit, metrics = self._minibatch_grads(policy, critic, mb, entropy_coef,
+                                                           logits_from)
             metrics["grad_norm_actor"] = optax.tree.norm(g_pol)
             upd, a_opt = self.actor_opt.update(g_pol, a_opt, policy)
             policy = optax.apply_updates(policy, upd)
@@ -406,9 +433,12 @@ class Learner:
                              self.model_config.vocab_size)
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        """Validated `train_step_jit` (the state is donated: do not reuse the argument)."""
-        return self.train_step_jit(state, distributed.to_global(self.prepare_batch(batch),
-                                                                self.batch_sharding))
+        """Validated `train_step_jit` (the state is donated: do not reuse the argument); the
+        logits start where the batch's responses do (`logits_start`)."""
+        batch = self.prepare_batch(batch)
+        start = logits_start(batch["response_mask"])
+        return self.train_step_jit(state, distributed.to_global(batch, self.batch_sharding),
+                                   start)
 
     def compile_train_step(self, batch: Batch) -> None:
         """Compiles `train_step` for this batch's keys, shapes, dtypes and placement ahead of
@@ -417,8 +447,10 @@ class Learner:
         Give each leaf as the call will: host arrays as host arrays, device outputs (e.g.
         values_old from `compute_logprobs_and_values`) as device arrays with their sharding.
         Safe from another thread while the state trains."""
-        batch = distributed.to_global(self.prepare_batch(batch), self.batch_sharding)
-        self.train_step_jit.lower(self.abstract_state(), batch).compile()
+        batch = self.prepare_batch(batch)
+        start = logits_start(batch["response_mask"])
+        batch = distributed.to_global(batch, self.batch_sharding)
+        self.train_step_jit.lower(self.abstract_state(), batch, start).compile()
 
     def run_once(self, state: TrainState, batch: Batch) -> None:
         """Executes `train_step` once on a copy of `state` (the copy is donated and dropped;

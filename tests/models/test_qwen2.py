@@ -283,3 +283,20 @@ def test_remat_gives_same_values_and_gradients():
     np.testing.assert_allclose(v0, v1, rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g0, g1)
     assert float(jnp.abs(g0["layers_0"]["self_attn"]["k_proj"]["kernel"]).max()) > 0
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_logits_from_is_a_slice_of_the_full_logits(tied):
+    """forward(logits_from=k) runs the unembedding on positions [k, T) only: the same values
+    as the full logits there; the hidden states and the cache are untouched."""
+    cfg = get_preset("tiny", vocab_size=64, num_hidden_layers=2, hidden_size=32,
+                     intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=8, tie_word_embeddings=tied)
+    params = random_params(cfg)
+    tokens, mask = left_padded_batch(64, [9, 5, 12], 12)
+    positions = positions_from_mask(jnp.asarray(mask))
+    full = jit_forward(cfg, params, tokens, positions, mask)[0]
+    part = jax.jit(functools.partial(forward, cfg, logits_from=5))(params, tokens, positions,
+                                                                    mask)[0]
+    assert part.shape == (3, 7, 64)
+    np.testing.assert_allclose(np.asarray(part), np.asarray(full)[:, 5:], rtol=1e-5, atol=1e-6)

@@ -8,10 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl4mle_jax import models
+from rl4mle_jax import distributed, models
 from rl4mle_jax import sharding as shd
 from rl4mle_jax.engine import backend_compiles
-from rl4mle_jax.rl.learner import make_learner, shift_right, token_logprobs_and_entropy
+from rl4mle_jax.rl.learner import (
+    logits_start,
+    make_learner,
+    shift_right,
+    token_logprobs_and_entropy,
+)
 from rl4mle_jax.rl.learner_config import LearnerConfig
 from rl4mle_jax.sampling import Sampler
 
@@ -280,3 +285,37 @@ def test_run_once_leaves_the_state_as_it_was(params):
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, state.policy_params),
                  jax.tree.map(np.asarray, plain.policy_params))
     assert float(m1["loss"]) == float(m2["loss"])
+
+
+def test_logits_start():
+    m = np.zeros((3, 40), np.float32)
+    m[0, 21:30] = 1
+    m[1, 25:] = 1
+    assert logits_start(m) == 16  # the position before column 21, down to a multiple of 8
+    assert logits_start(np.zeros((2, 10))) == 0  # no response: every position
+    m = np.zeros((2, 10))
+    m[1, 0] = 1
+    assert logits_start(m) == 0
+
+
+@pytest.mark.parametrize("config", [FULL, LearnerConfig(critic="shared")],
+                         ids=["two_updates", "single_pass_shared"])
+def test_step_skips_the_prompts_logits_exactly(params, config):
+    """The step reads the logits from where the responses start (logits_start): the same
+    params and metrics as with the logits of every position."""
+    batch = _batch(t=40, seed=5)
+    batch["response_mask"][:, :21] = 0
+    learner = make_learner(TINY, config, shd.make_mesh(data=1, fsdp=1, tensor=1,
+                                                        devices=jax.devices()[:1]))
+    fresh = lambda: learner.init_state(learner.shard_params(params), jax.random.PRNGKey(1))
+    prepared = learner.prepare_batch(batch)
+    assert logits_start(prepared["response_mask"]) == 16
+    skip, m_skip = learner.train_step(fresh(), batch)
+    full, m_full = learner.train_step_jit(
+        fresh(), distributed.to_global(prepared, learner.batch_sharding), 0)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+                 jax.tree.map(np.asarray, skip.policy_params),
+                 jax.tree.map(np.asarray, full.policy_params))
+    for k in m_full:
+        np.testing.assert_allclose(float(m_skip[k]), float(m_full[k]), rtol=1e-4, atol=1e-6,
+                                   err_msg=k)
