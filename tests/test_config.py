@@ -34,9 +34,10 @@ FROZEN = json.loads((Path(__file__).with_name("config_frozen.json")).read_text()
 CHANGED = {
     # issue 11: best-of-32 resolves a valid-rate change of 0.25; best-of-8 does not
     "task": {"run.eval_samples": 32,
-             # 8 slots + run reuse: 25 learner steps in 300 s instead of 14 (README)
-             "run.slots": 8},
-    "ablations": {"base.run.slots": 8},
+             # 8 slots + run reuse: 25 learner steps in 300 s instead of 14 (README); 12 slots
+             # 23-28 against 22 (docs/sweep_slots)
+             "run.slots": 12},
+    "ablations": {"base.run.slots": 12},
 }
 for _name, _values in CHANGED.items():
     FROZEN[_name].update(_values)
