@@ -61,9 +61,13 @@ def loaded_allocator() -> str:
     return "glibc"
 
 
+def _choice() -> str:
+    return os.environ.get(ENV, "tcmalloc").strip()
+
+
 def wanted() -> str | None:
     """The library RL4MLE_MALLOC asks for (None: keep the system allocator)."""
-    choice = os.environ.get(ENV, "tcmalloc").strip()
+    choice = _choice()
     if choice == "system":
         return None
     if choice in ("", "tcmalloc"):
@@ -81,9 +85,9 @@ def reexec_with_tcmalloc() -> None:
         return
     lib = wanted()
     if lib is None:
-        if os.environ.get(ENV, "tcmalloc").strip() != "system":
-            print(f"rl4mle_jax: tcmalloc not found ({INSTALL_HINT}); on CPU the train step runs "
-                  "~2x slower with glibc malloc (scripts/bench_allocator.py). "
+        if _choice() != "system":
+            print(f"rl4mle_jax: tcmalloc not found ({INSTALL_HINT}); on CPU the train step ran "
+                  "1.4-2.8x slower with glibc malloc (scripts/bench_allocator.py). "
                   f"{ENV}=system silences this.", file=sys.stderr)
         return
     env = dict(os.environ)

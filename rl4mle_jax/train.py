@@ -114,8 +114,9 @@ def initial_eval_key(config: Any, source: dict[str, Any] | None = None) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _write_provenance(workdir: Path) -> None:
-    """provenance.json: the commit and command of every start or resume of this workdir."""
+def _write_provenance(workdir: Path, host_allocator: str) -> None:
+    """provenance.json: the commit, command and host allocator of every start or resume of
+    this workdir."""
     path = workdir / "provenance.json"
     try:
         starts = json.loads(path.read_text())["starts"]
@@ -123,7 +124,7 @@ def _write_provenance(workdir: Path) -> None:
         starts = []
     starts.append({"commit": study.git_commit(Path(__file__).parent), "argv": sys.argv,
                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                   "allocator": allocator.loaded_allocator()})
+                   "allocator": host_allocator})
     path.write_text(json.dumps({"starts": starts}, indent=1))
 
 
@@ -140,8 +141,9 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=1))
-    _write_provenance(workdir)
-    log.info("host allocator: %s", allocator.loaded_allocator())
+    host_allocator = allocator.loaded_allocator()
+    _write_provenance(workdir, host_allocator)
+    log.info("host allocator: %s", host_allocator)
     comps = build_components(config, workdir)
     key = jax.random.PRNGKey(config.seed)
     n, temp, slots = config.run.eval_samples, config.sampling.temperature, config.run.slots

@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl4mle_jax import distributed, models
+from rl4mle_jax import models
 from rl4mle_jax import sharding as shd
 from rl4mle_jax.rl.batch import old_values_in_step
 from rl4mle_jax.rl.learner import make_learner
@@ -197,7 +197,7 @@ def bench_real(args, mesh) -> None:
                 arrays["attention_mask"])
             arrays["values_old"] = out["values"]
         if r["all_logits"]:  # logits_from=0: the unembedding over prompt positions too
-            batch = distributed.to_global(learner.prepare_batch(arrays), learner.batch_sharding)
+            batch, _ = learner.step_inputs(arrays)
             r["state"], metrics = learner.train_step_jit(r["state"], batch, 0)
         else:
             r["state"], metrics = learner.train_step(r["state"], arrays)

@@ -432,13 +432,16 @@ class Learner:
         return prepare_batch(batch, self.config, shd.batch_divisor(self.mesh, self.rules),
                              self.model_config.vocab_size)
 
-    def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        """Validated `train_step_jit` (the state is donated: do not reuse the argument); the
-        logits start where the batch's responses do (`logits_start`)."""
+    def step_inputs(self, batch: Batch) -> tuple[Batch, int]:
+        """`train_step_jit`'s batch and logits_from for `batch`: checked, placed on the batch
+        sharding, the logits starting where its responses do (`logits_start`)."""
         batch = self.prepare_batch(batch)
         start = logits_start(batch["response_mask"])
-        return self.train_step_jit(state, distributed.to_global(batch, self.batch_sharding),
-                                   start)
+        return distributed.to_global(batch, self.batch_sharding), start
+
+    def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        """Validated `train_step_jit` (the state is donated: do not reuse the argument)."""
+        return self.train_step_jit(state, *self.step_inputs(batch))
 
     def compile_train_step(self, batch: Batch) -> None:
         """Compiles `train_step` for this batch's keys, shapes, dtypes and placement ahead of
@@ -447,10 +450,7 @@ class Learner:
         Give each leaf as the call will: host arrays as host arrays, device outputs (e.g.
         values_old from `compute_logprobs_and_values`) as device arrays with their sharding.
         Safe from another thread while the state trains."""
-        batch = self.prepare_batch(batch)
-        start = logits_start(batch["response_mask"])
-        batch = distributed.to_global(batch, self.batch_sharding)
-        self.train_step_jit.lower(self.abstract_state(), batch, start).compile()
+        self.train_step_jit.lower(self.abstract_state(), *self.step_inputs(batch)).compile()
 
     def run_once(self, state: TrainState, batch: Batch) -> None:
         """Executes `train_step` once on a copy of `state` (the copy is donated and dropped;

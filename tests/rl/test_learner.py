@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl4mle_jax import distributed, models
+from rl4mle_jax import models
 from rl4mle_jax import sharding as shd
 from rl4mle_jax.engine import backend_compiles
 from rl4mle_jax.rl.learner import (
@@ -308,11 +308,10 @@ def test_step_skips_the_prompts_logits_exactly(params, config):
     learner = make_learner(TINY, config, shd.make_mesh(data=1, fsdp=1, tensor=1,
                                                         devices=jax.devices()[:1]))
     fresh = lambda: learner.init_state(learner.shard_params(params), jax.random.PRNGKey(1))
-    prepared = learner.prepare_batch(batch)
-    assert logits_start(prepared["response_mask"]) == 16
+    placed, start = learner.step_inputs(batch)
+    assert start == 16
     skip, m_skip = learner.train_step(fresh(), batch)
-    full, m_full = learner.train_step_jit(
-        fresh(), distributed.to_global(prepared, learner.batch_sharding), 0)
+    full, m_full = learner.train_step_jit(fresh(), placed, 0)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
                  jax.tree.map(np.asarray, skip.policy_params),
                  jax.tree.map(np.asarray, full.policy_params))
