@@ -210,7 +210,8 @@ def build_components(config: Any, workdir: Path) -> Components:
     sampler = Sampler(model_config, tokenizer.stop_token_ids, tokenizer.pad_id,
                       prompt_buckets=tuple(samp.prompt_buckets),
                       batch_buckets=tuple(samp.batch_buckets),
-                      max_new_tokens=config.prompt.max_response_tokens)
+                      max_new_tokens=config.prompt.max_response_tokens,
+                      cache_phase_tokens=samp.cache_phase_tokens)
 
     def episode_cfg(limit_s: float) -> EpisodeConfig:
         return EpisodeConfig(improve_prob=config.run.improve_prob, split="reward",

@@ -86,6 +86,10 @@ class SamplingConfig:
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8)
     max_batch: int = 4  # requests merged into one sampler call
     max_wait_s: float = 0.05
+    # The static sampler's KV cache grows while a batch decodes, in phases of this many new
+    # tokens, then 2x, 4x ... (sampling.cache_phases): a decode step attends over less than
+    # twice the slots it has filled, not prompt + the whole max_new bucket; 0: one cache.
+    cache_phase_tokens: int = 128
     # "static": merged requests decode as one batch (rollout.service, the reference);
     # "continuous": the slot engine (engine.py), requests join and leave between decode steps.
     engine: str = "static"
@@ -102,6 +106,8 @@ class SamplingConfig:
             _need(len(b) > 0 and all(int(x) == x and x >= 1 for x in b), name,
                   f"must be a non-empty tuple of positive integers, got {b}")
         _need(self.max_batch >= 1, "max_batch", f"must be >= 1, got {self.max_batch}")
+        _need(self.cache_phase_tokens >= 0, "cache_phase_tokens",
+              f"must be >= 0 (0: one cache), got {self.cache_phase_tokens}")
         _need(self.engine in ENGINES, "engine", f"{self.engine!r} is not one of {ENGINES}")
         _need(self.engine_slots >= 1, "engine_slots", f"must be >= 1, got {self.engine_slots}")
         _need(self.max_wait_s >= 0, "max_wait_s", f"must be >= 0, got {self.max_wait_s}")

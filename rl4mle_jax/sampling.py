@@ -10,6 +10,12 @@ the model's temperature-1 log-prob of the chosen token.
 Shapes are bucketed (prompt length, batch size, max_new_tokens) so that a long run compiles
 each bucket once; temperature, top_p, the exact max_new_tokens and the stop ids are traced
 values and never cause a recompile. top_k (a shape), greedy and "top_p in use" are static.
+
+The KV cache grows while the batch decodes (`cache_phases`): the decode loop runs in phases of
+`cache_phase_tokens`, 2x, 4x ... new tokens, each with a cache just long enough for its tokens,
+so a step attends over at most twice the slots it has filled instead of prompt + the whole
+max_new bucket (a batch that stops early never pays for the long cache). All phases are one
+compiled program; the outputs equal one phase's up to float summation order.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl4mle_jax.models import forward, init_cache
+from rl4mle_jax.models import forward, grow_cache, init_cache
 from rl4mle_jax.models.presets import Qwen2Config
 
 _NEG_INF = -jnp.inf
@@ -73,6 +79,16 @@ def sampling_logprobs(logits_bv: jax.Array, temperature: jax.Array | float, top_
     return jax.nn.log_softmax(x, axis=-1)
 
 
+def cache_phases(max_new_bucket: int, first: int) -> tuple[int, ...]:
+    """The new-token counts at which the decode loop's cache grows: first, 2·first, 4·first ...
+    below max_new_bucket, then max_new_bucket (one phase when first is 0 or >= the bucket)."""
+    ends, n = [], first
+    while 0 < n < max_new_bucket:
+        ends.append(n)
+        n *= 2
+    return (*ends, max_new_bucket)
+
+
 def _bucket(n: int, buckets: Sequence[int], what: str) -> int:
     i = bisect.bisect_left(buckets, n)
     if i == len(buckets):
@@ -94,6 +110,7 @@ class Sampler:
         max_new_tokens: int = 256,
         new_token_buckets: Sequence[int] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
         cache_dtype: str | None = None,
+        cache_phase_tokens: int = 128,
     ):
         if not stop_token_ids:
             raise ValueError("stop_token_ids is empty; give at least one (e.g. the eos id)")
@@ -109,6 +126,10 @@ class Sampler:
         self.new_token_buckets = tuple(new_token_buckets)
         self.max_new_tokens = max_new_tokens
         self.cache_dtype = jnp.dtype(cache_dtype or config.dtype)
+        if cache_phase_tokens < 0:
+            raise ValueError(f"cache_phase_tokens must be >= 0 (0: one phase), got "
+                             f"{cache_phase_tokens}")
+        self.cache_phase_tokens = int(cache_phase_tokens)
         self.num_traces = 0  # incremented each time the decode program is traced (= compiled)
         self._generate_jit = jax.jit(
             self._generate_impl, static_argnames=("max_new_bucket", "greedy", "top_k", "use_top_p"))
@@ -119,7 +140,9 @@ class Sampler:
         self.num_traces += 1  # Python side effect: runs only while tracing
         cfg = self.config
         b, p = tokens_bp.shape
-        cache = init_cache(cfg, b, p + max_new_bucket, self.cache_dtype)
+        phases = cache_phases(max_new_bucket, self.cache_phase_tokens)
+        # Step s writes slot p - 1 + s: a phase ending at n new tokens fits in p + n slots.
+        cache = init_cache(cfg, b, p + phases[0], self.cache_dtype)
         positions_bp = jnp.maximum(jnp.cumsum(mask_bp, axis=-1) - 1, 0)
         if p > 1:
             # Prefill all but the last prompt column; its logits are unused, so XLA drops the
@@ -161,7 +184,11 @@ class Sampler:
         out = (jnp.full((b, max_new_bucket), self.pad_id, jnp.int32),
                jnp.zeros((b, max_new_bucket), jnp.float32))
         state = (jnp.int32(0), cache, tokens_bp[:, -1], out, done_b, jnp.zeros((b,), jnp.int32))
-        _, _, _, (out_tok, out_logp), _, lengths = jax.lax.while_loop(cond, body, state)
+        for end in phases:  # traced once each: one loop per cache length, in one program
+            step, cache, *rest = state
+            state = (step, grow_cache(cache, p + end), *rest)
+            state = jax.lax.while_loop(lambda s, end=end: cond(s) & (s[0] < end), body, state)
+        _, _, _, (out_tok, out_logp), _, lengths = state
         return out_tok, out_logp, lengths
 
     # ------------------------------------------------------------------ host side

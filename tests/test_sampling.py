@@ -1,13 +1,14 @@
 """Sampler: greedy parity with transformers' generate, log-probs vs a full forward pass, stop
-tokens, top-k/top-p against a NumPy reference, and no recompilation within a bucket."""
+tokens, top-k/top-p against a NumPy reference, no recompilation within a bucket, and the growing
+cache (its phases) against one cache of the whole bucket."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl4mle_jax.models import load_hf_checkpoint, logits
-from rl4mle_jax.sampling import Sampler, sampling_logprobs
+from rl4mle_jax.models import get_preset, load_hf_checkpoint, logits
+from rl4mle_jax.sampling import Sampler, cache_phases, sampling_logprobs
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -35,7 +36,8 @@ def _load(tmp_path_factory, tie, kv_heads):
     hf = _hf_model(d, tie, kv_heads)
     config, params = load_hf_checkpoint(d)
     sampler = Sampler(config, stop_token_ids=[NO_STOP], pad_id=PAD, prompt_buckets=(8, 16),
-                      batch_buckets=(1, 2, 4), max_new_tokens=32, new_token_buckets=(16, 32))
+                      batch_buckets=(1, 2, 4), max_new_tokens=32, new_token_buckets=(16, 32),
+                      cache_phase_tokens=4)  # the cache grows at 4, 8, 16 new tokens
     return hf, config, params, sampler
 
 
@@ -273,3 +275,40 @@ def test_bad_inputs(models, sampler):
         Sampler(config, [], PAD)
     with pytest.raises(ValueError, match="prompt_buckets must be strictly increasing"):
         Sampler(config, [1], PAD, prompt_buckets=(64, 32))
+
+
+def test_cache_phases():
+    assert cache_phases(1024, 128) == (128, 256, 512, 1024)
+    assert cache_phases(768, 128) == (128, 256, 512, 768)
+    assert cache_phases(64, 128) == (64,)
+    assert cache_phases(128, 128) == (128,)
+    assert cache_phases(1024, 0) == (1024,)  # 0: one phase, the whole bucket
+    with pytest.raises(ValueError, match="cache_phase_tokens must be >= 0"):
+        Sampler(get_preset("tiny"), [1], PAD, cache_phase_tokens=-1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.3])
+def test_growing_cache_equals_one_cache(both, temperature):
+    """Phases of 3, 6, 12, 24, 32 new tokens give the tokens of one cache of 16 + 32 slots
+    (sampled with the same key too: each step's key is fold_in(rng, step) either way), and
+    log-probs equal to float summation order; rows that stop early stop in both."""
+    _, config, params, _ = both
+    kw = dict(prompt_buckets=(16,), batch_buckets=(4,), new_token_buckets=(32,))
+    one = Sampler(config, [NO_STOP], PAD, cache_phase_tokens=0, **kw)
+    grown = Sampler(config, [NO_STOP], PAD, cache_phase_tokens=3, **kw)
+    key = jax.random.key(7)
+    a = one.generate(params, PROMPTS, key, max_new_tokens=30, temperature=temperature)
+    b = grown.generate(params, PROMPTS, key, max_new_tokens=30, temperature=temperature)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.lengths, b.lengths)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    # A stop id that the rows emit: they end mid-phase, at the same token in both.
+    stop = int(a.tokens[0, 9])
+    a = one.generate(params, PROMPTS, key, max_new_tokens=30, temperature=temperature,
+                     stop_token_ids=[stop])
+    b = grown.generate(params, PROMPTS, key, max_new_tokens=30, temperature=temperature,
+                       stop_token_ids=[stop])
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.lengths, b.lengths)
+    assert a.lengths[0] <= 10
+    assert grown.num_traces == 1  # all phases are one program

@@ -286,6 +286,22 @@ def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype: Any = None)
                    mask=jnp.zeros((batch, max_len), jnp.int32))
 
 
+def grow_cache(cache: KVCache, max_len: int) -> KVCache:
+    """`cache` with empty slots appended up to `max_len` slots; the slots it has keep their keys,
+    values and mask (an empty slot's mask is 0, so attention gives it weight 0)."""
+    extra = max_len - cache.mask.shape[1]
+    if extra < 0:
+        raise ValueError(f"grow_cache: the cache has {cache.mask.shape[1]} slots, more than "
+                         f"max_len={max_len}")
+    if extra == 0:
+        return cache
+
+    def pad(x):
+        return jnp.pad(x, [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2))
+
+    return KVCache(k=tuple(map(pad, cache.k)), v=tuple(map(pad, cache.v)), mask=pad(cache.mask))
+
+
 def forward_with_hidden(config: Qwen2Config, params: Params, tokens_bt: jax.Array,
                         positions_bt: jax.Array, attention_mask_bt: jax.Array | None = None,
                         cache: KVCache | None = None, cache_index: jax.Array | int | None = None,
