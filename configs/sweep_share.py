@@ -16,6 +16,11 @@ Then the growing KV cache (sampling.cache_phase_tokens) roughly halved the sampl
 step; VARIANTS now compares the two shares at that tree, on the same seeds (the lr 5e-5 variant
 was dropped before it ran, for the time).
 
+Measured at 66ecdae, growing cache (docs/sweep_share/results.md): improve_3in4 28 / 32 / 28
+steps, reward gain +1.99, valid gain +0.21; improve_half 28 / 27 / 29, +1.79, +0.21; pick +0
+everywhere. Seed to seed the gains spread wider (+0.18 .. +3.30) than the shares differ, so
+configs/task.py keeps the paper's one in two.
+
 Launch (resumes; ~9 min per run on 2 cores):
   python experiments/sweep.py --config configs/sweep_share.py --workdir workdirs/sweep_share
 """
