@@ -1,6 +1,6 @@
 """The improve share and the step size at the current default (issue 11, points 2 and 3):
 configs/task.py (12 slots, tcmalloc, logits from the responses) with three improve prompts in
-four instead of one in two, alone and with a larger actor lr.
+four against one in two (a larger-lr variant was planned and dropped, below).
 
 docs/sweep_updates measured improve_3in4 at 2569b13 with ~19 learner steps per 300 s: the best
 batch-reward gain of that sweep (+2.21 over seeds 2-4) and the improve prompts' best-of-32
