@@ -111,6 +111,7 @@ def test_normal_program_writes_submission(backend, task):
     assert res.submission_path == res.workdir / "submission" / "submission.csv"
     assert 0.3 <= res.duration_s <= res.wall_s  # Δt measured, sandbox set-up excluded
     assert res.peak_memory_mb is not None and 1 < res.peak_memory_mb < 1024
+    assert res.cpu_s is not None and 0 < res.cpu_s < res.duration_s  # it slept 0.3 s of it
     assert res.backend == backend and res.weak_isolation == (backend == "subprocess")
     assert json.loads(json.dumps(res.to_dict()))["status"] == "ok"
     res.cleanup()

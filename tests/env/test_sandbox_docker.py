@@ -180,6 +180,7 @@ def test_container_is_isolated_and_limited_from_inside(engine, tmp_path):
     assert res.submission_exists and res.exit_code == 0
     if ROOT:
         assert res.evidence is not None and res.peak_memory_mb and res.peak_memory_mb > 1
+        assert res.cpu_s is not None and res.cpu_s > 0
     assert res.cleanup()
     assert not _left(engine, sb)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import uuid
@@ -237,6 +236,8 @@ def test_traceback_still_names_the_program_and_its_line(sb, input_dir):
 def test_witness_off_and_status_validation(sb, input_dir):
     assert parse_status(b'{"exit_code": 0, "duration_s": 1, "maxrss_kb": 1}\n') == {
         "exit_code": 0, "duration_s": 1.0, "maxrss_kb": 1}
+    assert parse_status(b'{"exit_code": 0, "duration_s": 1, "maxrss_kb": 1, "cpu_s": 0.5}')[
+        "cpu_s"] == 0.5
     bad = b'{"exit_code": 0, "duration_s": 1, "maxrss_kb": 1, "evidence": {"witness": 1}}'
     assert "evidence" not in parse_status(bad)
     ok = {"witness": 1, "verified": True, "forged_lines": 0, "milestones": ["x" * 500] * 50,
@@ -247,26 +248,33 @@ def test_witness_off_and_status_validation(sb, input_dir):
 
 
 def test_overhead_is_small(input_dir):
-    """duration_s of the honest program with and without the witness (medians of 3)."""
+    """CPU seconds of the honest program with and without the witness: the least of 5 runs each,
+    interleaved. CPU time (the launcher's wait4) and the minimum keep what other processes on
+    the machine do out of the ratio (CI's wall-clock medians of 3 varied by 25% between runs of
+    the same program); ~1.1x here (pandas + scikit-learn imports under the audit hook)."""
     from rl4mle_jax.env.sandbox import launcher
 
     sb = Sandbox(backend="bwrap", timeout_s=60)
-    times: dict[bool, list[float]] = {True: [], False: []}
+    cpu: dict[bool, list[float]] = {True: [], False: []}
+    wall: dict[bool, list[float]] = {True: [], False: []}
     orig = launcher.launcher_argv
     try:
-        for _ in range(3):
+        for _ in range(5):
             for w in (False, True):
                 launcher_argv = (lambda *a, _w=w, **k: orig(*a, **k, witness=_w))
                 sys.modules["rl4mle_jax.env.sandbox.bwrap"].launcher_argv = launcher_argv
                 res = sb.run(HONEST, input_dir)
                 res.cleanup()
                 assert res.status == "ok" and (res.evidence is not None) == w
-                times[w].append(res.duration_s)
+                assert res.cpu_s is not None and 0 < res.cpu_s < 4 * res.duration_s
+                cpu[w].append(res.cpu_s)
+                wall[w].append(res.duration_s)
     finally:
         sys.modules["rl4mle_jax.env.sandbox.bwrap"].launcher_argv = orig
-    ratio = statistics.median(times[True]) / statistics.median(times[False])
-    print(f"witness overhead: {ratio:.3f}x ({times})")
-    assert ratio < 1.3, times
+    ratio = min(cpu[True]) / min(cpu[False])
+    print(f"witness overhead: {ratio:.3f}x CPU, "
+          f"{min(wall[True]) / min(wall[False]):.3f}x wall ({cpu}, {wall})")
+    assert ratio < 1.3, cpu
 
 
 def test_libraries_that_list_their_own_mappings_run_untouched(sb, input_dir):

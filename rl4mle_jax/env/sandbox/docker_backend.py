@@ -255,6 +255,7 @@ class DockerBackend:
             status=status, exit_code=exit_code, duration_s=duration, stdout=out.text(),
             stderr=err.text(), submission_path=sub, submission_exists=regular_submission(wd),
             workdir=wd, backend=self.name, wall_s=wall, peak_memory_mb=peak,
+            cpu_s=st.get("cpu_s") if st else None,
             warnings=[f"aggregate limits: {self.mechanism}; run dir bound: {disk}, /tmp: "
                       "container tmpfs", *warnings],
             signal=signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None,

@@ -3,7 +3,8 @@
 It runs with the sandbox's Python (`-I -S`, so nothing of the environment can change it):
 drops to the unprivileged uid (when started as root), forks, sets the resource limits in the
 child only (so the launcher itself can always report), execs the program, and writes one JSON
-line to a status pipe: exit code or signal, the program's own wall-clock and its peak RSS.
+line to a status pipe: exit code or signal, the program's own wall-clock, its CPU time (user +
+system, its own and its reaped children's) and its peak RSS.
 
 With `witness` (the default) the program is started under the witness bootstrap (witness.py):
 the launcher makes a fresh key, hands it over through a pipe read once by the bootstrap, keeps
@@ -70,7 +71,8 @@ while True:
 dt = time.monotonic() - t0
 sig = os.WTERMSIG(st) if os.WIFSIGNALED(st) else None
 code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else -sig
-status = {"exit_code": code, "duration_s": dt, "maxrss_kb": ru.ru_maxrss}
+status = {"exit_code": code, "duration_s": dt, "maxrss_kb": ru.ru_maxrss,
+          "cpu_s": ru.ru_utime + ru.ru_stime}
 if witness:
     os.close(kr)
     os.close(ew)
@@ -116,6 +118,8 @@ def parse_status(raw: bytes) -> dict[str, Any] | None:
         d = json.loads(raw.decode().strip().splitlines()[0])
         out = {"exit_code": int(d["exit_code"]), "duration_s": float(d["duration_s"]),
                "maxrss_kb": int(d["maxrss_kb"])}
+        if d.get("cpu_s") is not None:
+            out["cpu_s"] = max(float(d["cpu_s"]), 0.0)
         ev = validate_evidence(d.get("evidence"))
         if ev is not None:
             out["evidence"] = ev

@@ -39,6 +39,8 @@ class ExecResult:
     exit_code: the exit status, or -signum when a signal ended the program, None on timeout.
     duration_s: wall-clock of the program itself (Δt); on timeout the time until the kill.
     wall_s: wall-clock of the whole call, sandbox set-up and tear-down included.
+    cpu_s: CPU seconds (user + system) of the program and the children it waited for, from the
+      launcher's wait4; None when the launcher reported no status (timeout, killed launcher).
     stdout/stderr: decoded text, head and tail kept when longer than the cap, with a marker.
     evidence: the witness's report of what the program really did (sandbox/witness.py), or None
       when no witness ran (then milestone and training checks fall back to static analysis).
@@ -56,6 +58,7 @@ class ExecResult:
     wall_s: float = 0.0
     signal: str | None = None
     peak_memory_mb: float | None = None
+    cpu_s: float | None = None
     stdout_bytes: int = 0
     stderr_bytes: int = 0
     stdout_truncated: bool = False
