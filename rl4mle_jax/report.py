@@ -248,7 +248,12 @@ def lane_lines(lane: dict) -> list[str]:
             d = lane[name]
             parts.append(f"{what} {d['busy_s']:.0f} s ({d['requests']} requests, "
                          f"{d['tokens']} tokens)")
-    return [f"Device lane time in {lane['wall_s']:.0f} s of RL: " + "; ".join(parts) + "."]
+    out = [f"Device lane time in {lane['wall_s']:.0f} s of RL: " + "; ".join(parts) + "."]
+    if "host_cpu_s" in lane:
+        out.append(f"CPU in that time: this process {lane['host_cpu_s']:.0f} s (the lanes and "
+                   f"the host's own work), the sandboxed programs {lane['programs_cpu_s']:.0f} s "
+                   f"({lane['program_runs']} runs; reused runs cost none).")
+    return out
 
 
 def write_report(workdir: Path, config: Any, comps: Any, initial: dict, final: dict,

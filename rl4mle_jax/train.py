@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import random
 import shutil
 import sys
@@ -244,6 +245,7 @@ class _Trainer:
         self.task_best = {t: multitask.new_best() for t in self.task_ids}
         self._step_shapes: set[tuple[int, int]] = set()  # (P, R) the step has run at
         self._train_s, self._train_steps = 0.0, 0  # this session's train steps (report.md)
+        self._program_cpu_s, self._program_runs = 0.0, 0  # this session's own sandbox runs
         # The step compiled ahead for the shapes the next batches will likely have.
         self.shapes = ShapeForecast(run.batch_size, config.prompt.max_prompt_tokens,
                                     config.prompt.max_response_tokens, run.length_bucket)
@@ -373,6 +375,7 @@ class _Trainer:
                 svc.start()
         pool.start()
         t_start, wall0 = time.time(), self.loop.wall_s
+        cpu0 = os.times()
         # The bar follows what stops the run: the wall-clock budget (seconds) if there is one,
         # else the step limit; steps, reward, valid rate and best score ride beside it.
         by_time = run.time_budget_s > 0
@@ -459,16 +462,23 @@ class _Trainer:
         summary = {"loop": dataclasses.asdict(self.loop), "buffer": self.buffer.state_dict(),
                    "slots": pool.stats().to_dict(), "instrument": instrumenter.metrics(),
                    "warmup": warmup,
-                   "lane": self._lane_time(policy, frozen, self.loop.wall_s - wall0)}
+                   "lane": self._lane_time(policy, frozen, self.loop.wall_s - wall0, cpu0)}
         if self.multi:
             summary.update(task_mix=self.mix.state_dict(), task_best=self.task_best)
         return summary
 
-    def _lane_time(self, policy: Any, frozen: Any | None, wall_s: float) -> dict[str, Any]:
+    def _lane_time(self, policy: Any, frozen: Any | None, wall_s: float,
+                   cpu0: os.times_result) -> dict[str, Any]:
         """Where this session's RL wall-clock went on the device lanes: train steps, the
-        policy's sampling and the frozen copy's (instrumentation), with requests and tokens."""
+        policy's sampling and the frozen copy's (instrumentation), with requests and tokens;
+        and where the CPU went: this process (lanes, host work) against the sandboxed programs
+        it ran (their own CPU seconds as the launcher measured them; reused runs cost none)."""
+        cpu1 = os.times()
         out: dict[str, Any] = {"wall_s": wall_s,
-                               "train_steps_s": self._train_s, "train_steps": self._train_steps}
+                               "train_steps_s": self._train_s, "train_steps": self._train_steps,
+                               "host_cpu_s": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
+                               "programs_cpu_s": self._program_cpu_s,
+                               "program_runs": self._program_runs}
         for name, svc in (("policy", policy), ("frozen", frozen)):
             if svc is not None:
                 out[name] = {"busy_s": svc.busy_s, "requests": svc.requests,
@@ -564,6 +574,9 @@ class _Trainer:
                                    trained=False)
             return None
         exp: Experience = f.result
+        if not exp.reused_run and "program_cpu_s" in exp.timings:
+            self._program_cpu_s += exp.timings["program_cpu_s"]
+            self._program_runs += 1
         staleness = self.loop.version - exp.params_version
         stale = staleness > run.max_staleness
         keep = not stale or run.admission == "bounded"

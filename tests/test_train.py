@@ -110,6 +110,12 @@ def test_default_config_end_to_end(warm_cache, tmp_path):
     assert lane["policy"]["requests"] >= 8 and lane["policy"]["tokens"] > 0
     assert lane["policy"]["busy_s"] > 0 and "frozen" in lane
     assert "Device lane time" in report
+    # Where the CPU went: this process, and the programs it ran (each fresh run's cpu_s).
+    fresh = [e for e in ran if not e["reused_run"]]
+    assert lane["host_cpu_s"] > 0 and lane["program_runs"] == len(fresh) > 0
+    assert lane["programs_cpu_s"] == pytest.approx(
+        sum(e["timings"]["program_cpu_s"] for e in fresh))
+    assert "the sandboxed programs" in report
     assert "Warm-up before the RL clock" in report
     # The learning section: the curve and the first/last-quarter and before/after checks.
     assert "![learning curve](plots/learning_curve.png)" in report

@@ -41,7 +41,8 @@ class Experience:
     started_at: float
     finished_at: float
     duration_s: float  # the program's own time in the sandbox (0 when nothing ran)
-    timings: dict[str, float]  # seconds: sample_s, instrument_s, sandbox_wall_s, grade_s
+    timings: dict[str, float]  # seconds: sample_s, instrument_s, sandbox_wall_s, grade_s,
+    # program_cpu_s (a reused run carries its original's)
     parent_episode: int | None = None  # for improve prompts: the solution being improved
     reused_run: bool = False  # the run of an identical earlier program (rollout/run_cache.py)
     task: str = ""  # multi-task training: the task id (empty, and not logged, for one task)
@@ -145,6 +146,9 @@ class EpisodeRunner:
                                            action=action)
         timings.update(sandbox_wall_s=run.timings["sandbox_wall_s"],
                        grade_s=run.timings["grade_s"])
+        cpu = (run.exec or {}).get("cpu_s")
+        if cpu is not None:  # the program's own CPU seconds (the launcher's wait4)
+            timings["program_cpu_s"] = float(cpu)
         return run.reward, run.duration_s, timings
 
     async def _instrument(self, code: str) -> Any:
