@@ -11,6 +11,12 @@ over the batch like GAE's (unwhitened, a batch with one -10 failure has advantag
 scale, so the same lr would take ~3x larger steps), on the learning check's seeds and initial
 draws, against the default.
 
+Measured at 23ffe71 (docs/sweep_critic/results.md, nothing else running): the separate critic
+learned nothing in 300 s (values -0.18 against returns -1.5, explained variance <= 0.002 on
+every step), so both variants trained on the same signal; without the critic's trunk the loop
+made 40 / 41 / 39 steps against 31 / 31 / 29 but learned no more (reward gain +1.77 vs +2.20,
+valid-rate gain +0.19 vs +0.22, pick +0 on every run): configs/task.py keeps the critic.
+
 Launch (resumes; ~9 min per run on 2 cores):
   python experiments/sweep.py --config configs/sweep_critic.py --workdir workdirs/sweep_critic
 """
