@@ -251,7 +251,7 @@ def test_overhead_is_small(input_dir):
     """CPU seconds of the honest program with and without the witness: the least of 5 runs each,
     interleaved. CPU time (the launcher's wait4) and the minimum keep what other processes on
     the machine do out of the ratio (CI's wall-clock medians of 3 varied by 25% between runs of
-    the same program); ~1.1x here (pandas + scikit-learn imports under the audit hook)."""
+    the same program); 1.17x here (pandas + scikit-learn imports under the audit hook)."""
     from rl4mle_jax.env.sandbox import launcher
 
     sb = Sandbox(backend="bwrap", timeout_s=60)
