@@ -21,6 +21,7 @@ class CodeBlock:
     code: str
     start: int  # character offset of the opening fence in the response
     closed: bool
+    body_start: int = 0  # character offset of `code` in the response
 
 
 def find_code_blocks(text: str) -> list[CodeBlock]:
@@ -35,9 +36,9 @@ def find_code_blocks(text: str) -> list[CodeBlock]:
         close_re = re.compile(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$", re.M)
         c = close_re.search(text, body_start)
         if c is None:
-            blocks.append(CodeBlock(tag, text[body_start:], m.start(), False))
+            blocks.append(CodeBlock(tag, text[body_start:], m.start(), False, body_start))
             return blocks
-        blocks.append(CodeBlock(tag, text[body_start:c.start()], m.start(), True))
+        blocks.append(CodeBlock(tag, text[body_start:c.start()], m.start(), True, body_start))
         pos = c.end()
 
 
@@ -75,6 +76,11 @@ class Action:
     message: str | None
     n_blocks: int
     truncated: bool  # the chosen block was not closed
+    code_offset: int | None = None  # character offset of `code` in the response
+    # Syntax errors: the lines of `code` (1-based, first and last) where the parser located
+    # the error — the line it names and, for a bracket closed by a mismatched one, the line of
+    # the opening bracket it names. None for every other outcome.
+    error_lines: tuple[int, int] | None = None
 
     @property
     def ok(self) -> bool:
@@ -82,6 +88,26 @@ class Action:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+_ON_LINE_RE = re.compile(r"on line (\d{1,9})")
+
+
+def syntax_error_lines(e: SyntaxError, n_lines: int) -> tuple[int, int] | None:
+    """(first, last) line of the code a SyntaxError points at, within [1, n_lines]; None when it
+    names no line. CPython names the line where parsing failed (for an unclosed bracket, the
+    bracket's own line) and, for a closing bracket that does not match, also the opening one's
+    ("... does not match opening parenthesis '[' on line N")."""
+    if not isinstance(e.lineno, int) or not 1 <= e.lineno <= n_lines:
+        return None
+    first = last = e.lineno
+    end = getattr(e, "end_lineno", None)
+    if isinstance(end, int) and first <= end <= n_lines:
+        last = end
+    m = _ON_LINE_RE.search(str(e.msg or ""))
+    if m is not None and 1 <= int(m.group(1)) < first:
+        first = int(m.group(1))
+    return first, last
 
 
 def extract_action(response: str, max_plan_chars: int = 2000) -> Action:
@@ -93,18 +119,20 @@ def extract_action(response: str, max_plan_chars: int = 2000) -> Action:
                       "the response has no fenced ```python code block", len(blocks), False)
     plan = response[: block.start].strip()[:max_plan_chars]
     code = block.code
+    where = dict(code_offset=block.body_start)
     if not code.strip():
         return Action(plan, code, "empty_code", "the code block is empty", len(blocks),
-                      not block.closed)
+                      not block.closed, **where)
     try:
         compile(code, "solution.py", "exec", dont_inherit=True)
     except SyntaxError as e:
         msg = f"SyntaxError at line {e.lineno}: {e.msg}"
-        return Action(plan, code, "syntax_error", msg, len(blocks), not block.closed)
+        return Action(plan, code, "syntax_error", msg, len(blocks), not block.closed, **where,
+                      error_lines=syntax_error_lines(e, code.count("\n") + 1))
     except ValueError as e:  # e.g. null bytes in the source
         return Action(plan, code, "syntax_error", f"ValueError: {e}", len(blocks),
-                      not block.closed)
+                      not block.closed, **where)
     except (RecursionError, MemoryError) as e:  # nesting beyond what CPython compiles
         return Action(plan, code, "syntax_error", f"{type(e).__name__}: the code is nested too "
-                      "deeply to compile", len(blocks), not block.closed)
-    return Action(plan, code, None, None, len(blocks), not block.closed)
+                      "deeply to compile", len(blocks), not block.closed, **where)
+    return Action(plan, code, None, None, len(blocks), not block.closed, **where)

@@ -1,7 +1,8 @@
 """Host-side check of a learner batch against the contract (before it enters the jitted step).
 
 Keys and shapes: tokens, attention_mask, response_mask, old_logprobs, ref_logprobs,
-values_old [B, T]; rewards, dt_s (Δt, s), group_ids, fresh, inclusion (p̂ of
+values_old, credit_mask (the tokens an advantage applies to, for failure_credit='error_line')
+[B, T]; rewards, dt_s (Δt, s), group_ids, fresh, inclusion (p̂ of
 `rl.arrival`, for duration_weighting='inverse_inclusion') [B]. Which keys are required depends
 on the learner config (`required_batch_keys`). Host (numpy) arrays are also checked for values:
 finite floats, token ids within the vocabulary, dt_s >= 0.
@@ -28,7 +29,7 @@ from rl4mle_jax.rl.learner_config import LearnerConfig
 
 Batch = dict[str, Any]
 BT_KEYS = ("tokens", "attention_mask", "response_mask", "old_logprobs", "ref_logprobs",
-           "values_old", "prox_logprobs")
+           "values_old", "prox_logprobs", "credit_mask")
 B_KEYS = ("rewards", "dt_s", "group_ids", "fresh", "inclusion")
 _INT_KEYS = ("tokens", "group_ids")
 
@@ -53,6 +54,8 @@ def required_batch_keys(config: LearnerConfig) -> tuple[str, ...]:
         keys.append("group_ids")
     if config.duration_weighting.replace("-", "_") == "inverse_inclusion":
         keys.append("inclusion")  # p̂ per row from rl.arrival.ArrivalModel.inclusion
+    if config.failure_credit != "sequence":
+        keys.append("credit_mask")  # rollout.collate.build_batch, from rollout.credit
     return tuple(keys)
 
 
@@ -67,6 +70,8 @@ def _check_values(key: str, x: np.ndarray, vocab_size: int | None) -> None:
         raise ValueError(f"batch[{key!r}] has non-finite values in rows {rows[:10]}")
     if key == "dt_s" and np.any(x < 0):
         raise ValueError(f"batch['dt_s'] has negative values: {x[x < 0].tolist()[:10]}")
+    if key == "credit_mask" and np.any((x != 0) & (x != 1)):
+        raise ValueError("batch['credit_mask'] must hold only 0 and 1")
     if key == "inclusion" and np.any((x <= 0) | (x > 1)):
         bad = x[(x <= 0) | (x > 1)]
         raise ValueError(f"batch['inclusion'] must be in (0, 1], got {bad.tolist()[:10]}")

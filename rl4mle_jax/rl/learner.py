@@ -250,11 +250,17 @@ class Learner:
     # --------------------------------------------------------------------- the update
     def _advantages(self, x: Batch, values_bt: jax.Array | None) -> adv_lib.Advantages:
         cfg = self.config
-        return adv_lib.compute_advantages(
+        advs = adv_lib.compute_advantages(
             cfg.advantage_estimator, x["rewards"].astype(jnp.float32), x["mask"],
             values_bt=values_bt, kl_bt=x.get("kl_ref") if cfg.kl_mode == "reward" else None,
             kl_coef=cfg.kl_coef, group_ids_b=x.get("group_ids"), gamma=cfg.gamma, lam=cfg.lam,
             whiten_advantages=cfg.whiten_advantages, zero_flat=cfg.zero_flat_batches)
+        if cfg.failure_credit != "sequence":
+            # The advantages as computed (whitened over every response token), then only the
+            # credited tokens keep theirs: the others add nothing to the policy gradient but
+            # still count in the token-mean's denominator; the critic's returns are unchanged.
+            advs = advs._replace(advantages_bt=advs.advantages_bt * x["credit_mask"])
+        return advs
 
     def _loss(self, policy, critic, x, normalizer, entropy_coef, logits_from=0):
         cfg = self.config
@@ -356,7 +362,7 @@ class Learner:
         if not one_pass and cfg.off_policy != "none" and "prox_logprobs" not in batch:
             rows["prox_logprobs"] = jax.lax.stop_gradient(self._logprobs_impl(
                 state.policy_params, tokens, batch["attention_mask"]))
-        for k in ("ref_logprobs", "values_old", "group_ids", "prox_logprobs"):
+        for k in ("ref_logprobs", "values_old", "group_ids", "prox_logprobs", "credit_mask"):
             if k in batch:
                 rows[k] = batch[k] if k == "group_ids" else batch[k].astype(jnp.float32)
         if kl_ref is not None:
@@ -414,6 +420,8 @@ class Learner:
         })
         if kl_ref is not None:
             metrics["kl_ref_behaviour"] = ppo.masked_mean(kl_ref, mask)
+        if cfg.failure_credit != "sequence":  # the response tokens left without an advantage
+            metrics["credit_masked_frac"] = 1.0 - ppo.masked_mean(batch["credit_mask"], mask)
         if advs is not None:
             metrics["advantages_mean"] = ppo.masked_mean(advs.advantages_bt, mask)
             metrics["returns_mean"] = ppo.masked_mean(advs.returns_bt, mask)

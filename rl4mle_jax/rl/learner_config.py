@@ -18,6 +18,7 @@ ENTROPY_SCHEDULES = ("constant", "linear", "cosine")  # rl.ppo.entropy_coef_sche
 LR_SCHEDULES = ("constant", "cosine")  # rl.state.make_schedule
 DURATION_MODES = ("off", "batch_mean", "log1p", "inverse_inclusion")  # rl.duration ("a-b" too)
 OFF_POLICY_MODES = ("none", "decoupled", "tis")  # rl.off_policy
+FAILURE_CREDIT_MODES = ("sequence", "error_line")  # rollout.credit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,10 @@ class LearnerConfig:
     # out tokens whose weight exceeds it (None: keeps all), tis truncates the weight at it.
     off_policy: str = "none"
     off_policy_cap: float | None = 2.0
+    # Which tokens an episode's advantage applies to: "sequence" (the paper: every response
+    # token) or "error_line" (a syntax error's: only the tokens of the line the parser names,
+    # the batch's "credit_mask"; rollout/credit.py). Critic targets are the same in both.
+    failure_credit: str = "sequence"
     # Model side.
     critic: str = "separate"  # "separate" | "shared" | "none"
     temperature: float = 1.0  # sampling temperature the behaviour log-probs were taken at
@@ -95,6 +100,7 @@ class LearnerConfig:
         check("entropy_schedule", ENTROPY_SCHEDULES)
         check("lr_schedule", LR_SCHEDULES)
         check("off_policy", OFF_POLICY_MODES)
+        check("failure_credit", FAILURE_CREDIT_MODES)
         if self.off_policy_cap is not None and not self.off_policy_cap >= 1:
             raise ValueError(f"LearnerConfig.off_policy_cap must be None or >= 1 (a fresh token's "
                              f"behaviour weight is 1), got {self.off_policy_cap}")

@@ -55,7 +55,10 @@ def build_batch(experiences: Sequence[Any], max_prompt: int, max_response: int, 
                 duration_floor_s: float = DURATION_FLOOR_S,
                 length_bucket: int = 0,
                 pad_to: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
-    """tokens, attention_mask, response_mask, old_logprobs [B, P+R]; rewards, dt_s [B].
+    """tokens, attention_mask, response_mask, old_logprobs, credit_mask [B, P+R]; rewards,
+    dt_s [B]. credit_mask: the response tokens a row's advantage applies to under
+    `learner.failure_credit="error_line"` (an experience's `credit_span`, else its whole
+    response; rollout/credit.py).
 
     length_bucket: P and R are the batch's longest prompt and response rounded up to a
     multiple of it (capped at max_prompt / max_response); 0 pads to the maxima.
@@ -80,6 +83,7 @@ def build_batch(experiences: Sequence[Any], max_prompt: int, max_response: int, 
     attention = np.zeros((b, t), np.int32)
     response = np.zeros((b, t), np.float32)
     old_logprobs = np.zeros((b, t), np.float32)
+    credit = np.zeros((b, t), np.float32)
     for i, e in enumerate(experiences):
         prompt, resp = list(e.prompt_ids), list(e.response_ids)
         if len(e.logprobs) != len(resp):
@@ -90,11 +94,18 @@ def build_batch(experiences: Sequence[Any], max_prompt: int, max_response: int, 
         tokens[i, p:p + len(resp)] = resp
         response[i, p:p + len(resp)] = 1.0
         old_logprobs[i, p:p + len(resp)] = e.logprobs
+        span = getattr(e, "credit_span", None)
+        lo, hi = (0, len(resp)) if span is None else span
+        if span is not None and not 0 <= lo < hi <= len(resp):
+            raise ValueError(f"episode {e.episode_id}: credit_span {span} is not within its "
+                             f"{len(resp)} response tokens")
+        credit[i, p + lo:p + hi] = 1.0
     return {
         "tokens": tokens,
         "attention_mask": attention,
         "response_mask": response,
         "old_logprobs": old_logprobs,
+        "credit_mask": credit,
         "rewards": np.asarray([e.reward for e in experiences], np.float32),
         "dt_s": episode_durations(experiences, duration_source, duration_floor_s),
     }

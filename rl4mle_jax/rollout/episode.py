@@ -19,6 +19,7 @@ from rl4mle_jax.env.actions import extract_action
 from rl4mle_jax.env.instrument_lm import Instrumenter
 from rl4mle_jax.env.reward import RewardConfig
 from rl4mle_jax.rollout.buffer import SolutionBuffer
+from rl4mle_jax.rollout.credit import error_token_span
 from rl4mle_jax.rollout.run_cache import RunCache
 from rl4mle_jax.rollout.service import GenerationService
 
@@ -46,6 +47,9 @@ class Experience:
     parent_episode: int | None = None  # for improve prompts: the solution being improved
     reused_run: bool = False  # the run of an identical earlier program (rollout/run_cache.py)
     task: str = ""  # multi-task training: the task id (empty, and not logged, for one task)
+    # [start, end) of the response tokens a syntax error's line holds (rollout/credit.py);
+    # None: the outcome belongs to the whole response
+    credit_span: tuple[int, int] | None = None
 
     def log_record(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """The experience-log line (token ids left out; the code and every reward part kept)."""
@@ -113,6 +117,7 @@ class EpisodeRunner:
         timings["sample_s"] = time.perf_counter() - t
         response = self.tokenizer.decode(gen.response_ids, skip_special_tokens=True)
         action = extract_action(response)
+        span = error_token_span(response, gen.response_ids, self._decode, action)
 
         duration_s, reused = 0.0, False
         if not action.ok:
@@ -133,7 +138,10 @@ class EpisodeRunner:
             started_at=started, finished_at=time.time(), duration_s=duration_s,
             timings=timings,
             parent_episode=parent.get("episode_id") if parent else None, reused_run=reused,
-            task=request.get("task", ""))
+            task=request.get("task", ""), credit_span=span)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     async def _run(self, action: Any) -> tuple[Any, float, dict[str, float]]:
         """Instrument, execute, grade: (reward record, Δt in the sandbox, timings)."""

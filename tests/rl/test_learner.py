@@ -318,3 +318,39 @@ def test_step_skips_the_prompts_logits_exactly(params, config):
     for k in m_full:
         np.testing.assert_allclose(float(m_skip[k]), float(m_full[k]), rtol=1e-4, atol=1e-6,
                                    err_msg=k)
+
+
+def test_failure_credit_masks_only_the_policy_gradient(params):
+    """failure_credit='error_line': a row's advantage applies to its credited tokens only.
+    All tokens credited → the paper's step exactly; none credited → the policy does not move
+    while the critic learns exactly as with sequence credit; in between → the sequence
+    advantages (whitened over every response token) times the mask."""
+    base = LearnerConfig(actor_lr=1e-3, critic_lr=2e-3, adam_eps=1e-6,
+                         duration_weighting="batch_mean")
+    line = dataclasses.replace(base, failure_credit="error_line")
+    batch = _batch(seed=3)
+    mask = (batch["response_mask"] * batch["attention_mask"]).astype(np.float32)
+    seq_state, _ = _one_step(base, ONE_DEVICE, params, batch)
+    all_state, metrics = _one_step(line, ONE_DEVICE, params, {**batch, "credit_mask": mask})
+    _assert_close(all_state.policy_params, seq_state.policy_params)
+    assert metrics["credit_masked_frac"] == pytest.approx(0.0)
+    none_state, metrics = _one_step(line, ONE_DEVICE, params,
+                                    {**batch, "credit_mask": np.zeros_like(mask)})
+    _assert_close(none_state.policy_params, params, rtol=0, atol=0)
+    _assert_close(none_state.critic_params, seq_state.critic_params)
+    assert metrics["credit_masked_frac"] == pytest.approx(1.0)
+
+    credit = mask.copy()
+    credit[0, 6:8] = 0  # row 0: only its last tokens credited
+    learner = make_learner(TINY, line, shd.make_mesh(**ONE_DEVICE))
+    x = {"rewards": jnp.asarray(batch["rewards"]), "mask": jnp.asarray(mask),
+         "credit_mask": jnp.asarray(credit)}
+    values = jnp.asarray(batch["values_old"])
+    got = learner._advantages(x, values)
+    want = make_learner(TINY, base, shd.make_mesh(**ONE_DEVICE))._advantages(x, values)
+    np.testing.assert_allclose(got.advantages_bt, want.advantages_bt * credit, rtol=1e-6)
+    np.testing.assert_allclose(got.returns_bt, want.returns_bt, rtol=1e-6)
+    with pytest.raises(KeyError, match="credit_mask"):
+        learner.prepare_batch(batch)
+    with pytest.raises(ValueError, match="credit_mask"):
+        learner.prepare_batch({**batch, "credit_mask": mask * 0.5})

@@ -101,3 +101,17 @@ def test_smallest_cover_is_the_cheapest_compiled_shape_that_holds_the_batch():
     assert smallest_cover((512, 448), compiled) == (512, 768)
     assert smallest_cover((576, 64), compiled) is None  # nothing holds a longer prompt
     assert smallest_cover((64, 64), set()) is None
+
+
+def test_credit_mask_holds_the_credit_span_or_the_whole_response():
+    exps = [_exp(0, [5, 6], [7, 8, 9, 10], [-0.1] * 4, -10.0),
+            _exp(1, [4], [3, 2], [-0.5] * 2, 1.0),
+            _exp(2, [4], [], [], -10.0)]
+    exps[0].credit_span = (1, 3)  # a syntax error on the response's tokens 1 and 2
+    b = build_batch(exps, max_prompt=2, max_response=4, pad_id=0)
+    np.testing.assert_array_equal(b["credit_mask"], [[0, 0, 0, 1, 1, 0],
+                                                     [0, 0, 1, 1, 0, 0],
+                                                     [0, 0, 0, 0, 0, 0]])
+    exps[0].credit_span = (2, 5)
+    with pytest.raises(ValueError, match="episode 0: credit_span"):
+        build_batch(exps, max_prompt=2, max_response=4, pad_id=0)

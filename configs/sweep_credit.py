@@ -1,0 +1,27 @@
+"""Failure credit: a syntax error's advantage on the line the parser names (issue 11).
+
+In the default's runs most failures are syntax errors (250 of 362 failed episodes in
+docs/sweep_critic's six runs; 89 runtime errors, 23 empty code blocks), and most of those are
+one garbled line in an otherwise copied program (`{"C": [0.0)`). With the paper's sequence
+credit such an episode pushes down all ~260 of its tokens, the ~240 it shares with valid
+programs included; `learner.failure_credit="error_line"` (rollout/credit.py) gives its
+advantage to the tokens of the named line only. This runs it on the learning check's seeds and
+initial draws (the initial evaluations are those of docs/sweep_critic: copy
+workdirs/sweep_critic/_initial_evals into the workdir to reuse them), against the default's
+runs there (`gae_separate`, same warm start, same code but this field).
+
+Launch (resumes; ~10 min per run on 2 cores):
+  python experiments/sweep.py --config configs/sweep_credit.py --workdir workdirs/sweep_credit
+"""
+
+import ml_collections
+
+from configs.sweep_base import sweep_config
+
+VARIANTS = {
+    "error_line": (("learner.failure_credit", "error_line"),),
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    return sweep_config(VARIANTS, seeds=(2, 3, 4), arg=arg)
