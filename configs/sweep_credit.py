@@ -7,8 +7,10 @@ credit such an episode pushes down all ~260 of its tokens, the ~240 it shares wi
 programs included; `learner.failure_credit="error_line"` (rollout/credit.py) gives its
 advantage to the tokens of the named line only. This runs it on the learning check's seeds and
 initial draws (the initial evaluations are those of docs/sweep_critic: copy
-workdirs/sweep_critic/_initial_evals into the workdir to reuse them), against the default's
-runs there (`gae_separate`, same warm start, same code but this field).
+workdirs/sweep_critic/_initial_evals into the workdir to reuse them), and against the
+default (`sequence`) in the same session: the machine's speed differs between sessions (the
+same config made 31 steps there and 43 here with error_line), so only runs of one session
+compare.
 
 Launch (resumes; ~10 min per run on 2 cores):
   python experiments/sweep.py --config configs/sweep_credit.py --workdir workdirs/sweep_credit
@@ -20,6 +22,11 @@ from configs.sweep_base import sweep_config
 
 VARIANTS = {
     "error_line": (("learner.failure_credit", "error_line"),),
+    "sequence": (),  # configs/task.py: the paper's credit
+    # Whether the localised signal takes a larger step: with sequence credit lr 1e-4
+    # destabilised one seed of three (docs/sweep_updates), each failure pushing down ~240
+    # tokens it shares with valid programs.
+    "error_line_lr1e-4": (("learner.failure_credit", "error_line"), ("learner.actor_lr", 1e-4)),
 }
 
 

@@ -59,6 +59,7 @@ CHOICES = {
     ("learner", "lr_schedule"): lc.LR_SCHEDULES,
     ("learner", "duration_weighting"): lc.DURATION_MODES,
     ("learner", "off_policy"): lc.OFF_POLICY_MODES,
+    ("learner", "failure_credit"): lc.FAILURE_CREDIT_MODES,
     ("run", "admission"): run_config.ADMISSION_MODES,
     ("run", "task_sampling"): TASK_SAMPLING,
     ("sampling", "engine"): run_config.ENGINES,
