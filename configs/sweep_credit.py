@@ -9,8 +9,14 @@ advantage to the tokens of the named line only. This runs it on the learning che
 initial draws (the initial evaluations are those of docs/sweep_critic: copy
 workdirs/sweep_critic/_initial_evals into the workdir to reuse them), and against the
 default (`sequence`) in the same session: the machine's speed differs between sessions (the
-same config made 31 steps there and 43 here with error_line), so only runs of one session
-compare.
+default made 29-31 steps in docs/sweep_critic's session and 42-44 in this one), so only runs of
+one session compare.
+
+Measured at dadc1c8 (docs/sweep_credit/results.md, nothing else running, seeds 2-4, same initial
+draws): error_line learned no more than the paper's credit (valid-rate gain +0.15 against
++0.22, reward gain +2.22 against +1.93, test pick +0.0009 against +0.0007), and did not make a
+larger step safe: at actor lr 1e-4 it collapsed on seed 3 (best-of-32 valid 0.66 -> 0.50, pick
+-0.036) and lowered the pick on every seed. configs/task.py keeps "sequence".
 
 Launch (resumes; ~10 min per run on 2 cores):
   python experiments/sweep.py --config configs/sweep_credit.py --workdir workdirs/sweep_credit
