@@ -115,7 +115,7 @@ class EpisodeRunner:
         t = time.perf_counter()
         gen = await self.policy.generate(prompt_ids)
         timings["sample_s"] = time.perf_counter() - t
-        response = self.tokenizer.decode(gen.response_ids, skip_special_tokens=True)
+        response = self._decode(gen.response_ids)
         action = extract_action(response)
         span = error_token_span(response, gen.response_ids, self._decode, action)
 
@@ -141,6 +141,8 @@ class EpisodeRunner:
             task=request.get("task", ""), credit_span=span)
 
     def _decode(self, ids: list[int]) -> str:
+        """A response's text: the one decoding every step of the episode reads (and
+        rollout.credit maps back to tokens)."""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     async def _run(self, action: Any) -> tuple[Any, float, dict[str, float]]:
@@ -173,5 +175,5 @@ class EpisodeRunner:
             # An answer that never comes is a rejection like any other: static fallback.
             return self.instrumenter.reject(
                 code, "timeout", f"no answer within {self.cfg.instrument_timeout_s:.0f} s")
-        response = self.tokenizer.decode(gen.response_ids, skip_special_tokens=True)
+        response = self._decode(gen.response_ids)
         return execute.instrument(code, lambda c: self.instrumenter.from_lm_response(c, response))
