@@ -364,16 +364,36 @@ def run_commits(study: dict[str, list[Run]]) -> set[str]:
     return out
 
 
+def run_budgets(study: dict[str, list[Run]]) -> dict[float, list[str]]:
+    """RL wall-clock budget (s) -> the variants whose runs used it (their config.json); a
+    variant may override the base config's run.time_budget_s."""
+    out: dict[float, list[str]] = {}
+    for variant, runs in study.items():
+        for r in runs:
+            b = ((r.config or {}).get("run") or {}).get("time_budget_s")
+            if b is not None and variant not in out.setdefault(float(b), []):
+                out[float(b)].append(variant)
+    return out
+
+
 def results_markdown(study: dict[str, list[Run]], command: str, budget_s: float,
                      title: str | None = None) -> str:
     """A study's results page: command, commit, budget, the ablation table, the learning
-    checks of every run and where the valid rate moved (per prompt kind)."""
+    checks of every run and where the valid rate moved (per prompt kind).
+
+    budget_s: the base config's RL budget, reported where the runs' config.json do not say;
+    budgets the runs recorded are reported instead (per variant when they differ)."""
     head = f"# {title}\n\n" if title else ""
     made = sorted(run_commits(study))
+    budgets = run_budgets(study) or {float(budget_s): []}
+    if len(budgets) == 1:
+        budget = f"{next(iter(budgets)):.0f} s wall-clock"
+    else:
+        budget = "; ".join(f"{b:.0f} s ({', '.join(v)})" for b, v in sorted(budgets.items())) \
+            + " wall-clock"
     return (f"{head}Command: `{command}`  \nRuns made at commit "
             f"{', '.join(f'`{c}`' for c in made) or 'unknown'} (each run's provenance.json); "
             f"tables drawn at commit `{git_commit()}`  \n"
-            f"RL budget per run: "
-            f"{budget_s:.0f} s wall-clock.\n\n## Ablation table\n\n{ablation_table(study)}\n\n"
+            f"RL budget per run: {budget}.\n\n## Ablation table\n\n{ablation_table(study)}\n\n"
             f"## Learning checks\n\n{learning_table(study)}\n\n"
             f"## Valid rate by prompt kind\n\n{kind_table(study)}\n")

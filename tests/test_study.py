@@ -122,6 +122,20 @@ def test_smoothed_curve_is_a_trailing_moving_mean(study_dir):
     np.testing.assert_allclose(mean, [(-5 - 3) / 2, (-3 - 3) / 2])
 
 
+def test_results_page_reports_the_budgets_the_runs_recorded(study_dir):
+    """A variant that overrides run.time_budget_s is reported with its own budget; runs
+    without config.json fall back to the base budget given."""
+    write = lambda v, b: (study_dir / v / "seed0" / "config.json").write_text(  # noqa: E731
+        json.dumps({"run": {"time_budget_s": b}}))
+    write("full", 300.0)
+    write("no_instrumentation", 600.0)
+    page = st.results_markdown(st.load_study(study_dir), "python x.py", 300.0)
+    assert "RL budget per run: 300 s (full); 600 s (no_instrumentation) wall-clock." in page
+    write("no_instrumentation", 300.0)
+    page = st.results_markdown(st.load_study(study_dir), "python x.py", 100.0)
+    assert "RL budget per run: 300 s wall-clock." in page
+
+
 def test_results_page_and_run_command(study_dir):
     page = st.results_markdown(st.load_study(study_dir), "python x.py --config c", 300.0, "t")
     assert page.startswith("# t\n\nCommand: `python x.py --config c`")
