@@ -9,6 +9,9 @@ between sessions): the default; a step in between (5e-5); and lr 1e-4 held near 
 by a KL term in the loss (k3, coefficient 0.2, the reference is the warm start the run began
 from).
 
+Measured at 45e20f7, when configs/task.py whitened GAE's advantages (its default since
+is unwhitened: docs/sweep_whiten), so a rerun's variants differ from the page's in that.
+
 Launch (resumes; ~10 min per run on 2 cores):
   python experiments/sweep.py --config configs/sweep_anchor.py --workdir workdirs/sweep_anchor
 """

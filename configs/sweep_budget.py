@@ -7,6 +7,9 @@ the learning check's seeds and initial draws (copy workdirs/sweep_anchor/_initia
 the workdir to reuse them; the initial evaluation's key leaves out the run section), to say
 whether the 300 s budget or the method is what stops the gain at ~0.2.
 
+Measured at 45e20f7 with whitened advantages, the default then (configs/task.py has
+unwhitened them since: docs/sweep_whiten).
+
 Launch (resumes; ~13 min per run on 2 cores):
   python experiments/sweep.py --config configs/sweep_budget.py --workdir workdirs/sweep_budget
 """
