@@ -381,8 +381,8 @@ def results_markdown(study: dict[str, list[Run]], command: str, budget_s: float,
     """A study's results page: command, commit, budget, the ablation table, the learning
     checks of every run and where the valid rate moved (per prompt kind).
 
-    budget_s: the base config's RL budget, reported where the runs' config.json do not say;
-    budgets the runs recorded are reported instead (per variant when they differ)."""
+    budget_s: the base config's RL budget, reported only when no run's config.json records
+    one; otherwise the budgets the runs recorded (per variant when they differ)."""
     head = f"# {title}\n\n" if title else ""
     made = sorted(run_commits(study))
     budgets = run_budgets(study) or {float(budget_s): []}

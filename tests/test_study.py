@@ -123,8 +123,9 @@ def test_smoothed_curve_is_a_trailing_moving_mean(study_dir):
 
 
 def test_results_page_reports_the_budgets_the_runs_recorded(study_dir):
-    """A variant that overrides run.time_budget_s is reported with its own budget; runs
-    without config.json fall back to the base budget given."""
+    """A variant that overrides run.time_budget_s is reported with its own budget, and the
+    budget given (the base config's) only when no run recorded one (full/seed1 has no
+    config.json and does not count)."""
     write = lambda v, b: (study_dir / v / "seed0" / "config.json").write_text(  # noqa: E731
         json.dumps({"run": {"time_budget_s": b}}))
     write("full", 300.0)
@@ -134,6 +135,10 @@ def test_results_page_reports_the_budgets_the_runs_recorded(study_dir):
     write("no_instrumentation", 300.0)
     page = st.results_markdown(st.load_study(study_dir), "python x.py", 100.0)
     assert "RL budget per run: 300 s wall-clock." in page
+    for v in ("full", "no_instrumentation"):
+        (study_dir / v / "seed0" / "config.json").unlink()
+    page = st.results_markdown(st.load_study(study_dir), "python x.py", 100.0)
+    assert "RL budget per run: 100 s wall-clock." in page
 
 
 def test_results_page_and_run_command(study_dir):
