@@ -10,7 +10,9 @@
 # rl4mle_jax.models imports for checkpoint files, is stubbed if it is missing: no file is
 # read here). Each row is measured alone; a row that fails prints its error and the rest go
 # on, so one out-of-memory does not lose the table. MFU is against the bfloat16 matmul rate
-# measured in the same run and, where the device is known, its nominal dense peak.
+# measured in the same run and, where the device is known, its nominal dense peak; a decode
+# row's bandwidth is the bytes a step must read (weights, whole KV cache) times steps/s, over the
+# copy bandwidth measured in the same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=python3
@@ -46,10 +48,10 @@ NOMINAL_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12}
 cpu = jax.default_backend() == "cpu" or "--cpu_shapes" in sys.argv
 if cpu:  # tiny shapes so that CI checks in seconds that the script still runs
     SHAPES = {"tiny": models.get_preset("tiny", vocab_size=512, num_hidden_layers=2)}
-    PROMPT, NEW, TRAIN_BATCH, TRAIN_SEQ, MM = 16, 16, 2, 64, 256
+    PROMPT, NEW, TRAIN_BATCH, TRAIN_SEQ, MM, COPY_MB = 16, 16, 2, 64, 256, 64
 else:
     SHAPES = {s: models.get_preset(f"qwen2.5-{s}") for s in ("0.5b", "3b")}
-    PROMPT, NEW, TRAIN_BATCH, TRAIN_SEQ, MM = 128, 128, 8, 1024, 8192
+    PROMPT, NEW, TRAIN_BATCH, TRAIN_SEQ, MM, COPY_MB = 128, 128, 8, 1024, 8192, 4096
 SHAPES = {k: c.replace(dtype="bfloat16", param_dtype="bfloat16") for k, c in SHAPES.items()}
 
 
@@ -67,6 +69,30 @@ def matmul_peak():
         dot(a, a).block_until_ready()
         best = min(best, time.perf_counter() - t)
     return 2 * MM**3 / best
+
+
+def copy_bandwidth():
+    """Bytes/s of a jitted `x + 1` over COPY_MB of bfloat16 (read and write counted), best of
+    5: the memory-bandwidth bound that decode rows are set against."""
+    x = jnp.ones((COPY_MB << 19,), jnp.bfloat16)
+    add = jax.jit(lambda a: a + 1)
+    add(x).block_until_ready()
+    best = np.inf
+    for _ in range(5):
+        t = time.perf_counter()
+        add(x).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2 * x.nbytes / best
+
+
+def step_bytes(config, params, slots):
+    """Bytes one decode step must read at least: every weight once (the tied embedding once, as
+    the output projection) and every slot's whole key/value cache (attention reads all
+    prompt + new rows of it, masked)."""
+    weights = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+    kv = (2 * config.num_hidden_layers * slots * (PROMPT + NEW) * config.num_key_value_heads
+          * config.head_dim * jnp.dtype(config.dtype).itemsize)
+    return weights + kv
 
 
 def engine_tps(config, params, slots):
@@ -110,9 +136,9 @@ def main():
     dev = jax.devices()[0]
     kind = getattr(dev, "device_kind", dev.platform)
     nominal = next((v for k, v in NOMINAL_BF16.items() if k in kind), None)
-    peak = matmul_peak()
+    peak, bandwidth = matmul_peak(), copy_bandwidth()
     log(f"jax {jax.__version__}, {len(jax.devices())} x {kind}; bf16 matmul {MM}^2: "
-        f"{peak / 1e12:.1f} TFLOP/s")
+        f"{peak / 1e12:.1f} TFLOP/s; copy {bandwidth / 1e9:.0f} GB/s")
     mesh = shd.make_mesh()
     rows = []
     t0 = time.perf_counter()
@@ -130,8 +156,9 @@ def main():
                 continue
             try:
                 tps, c_s = engine_tps(config, params, slots)
+                used = tps / slots * step_bytes(config, params, slots) / bandwidth
                 rows.append((name, f"engine decode, batch {slots}", f"{tps:.1f} tok/s",
-                             "-", f"{c_s:.0f}"))
+                             f"{used:.0%} of copy bandwidth", f"{c_s:.0f}"))
             except Exception as e:  # a failed row is reported, not fatal
                 rows.append((name, f"engine decode, batch {slots}", f"error: {e!r:.80}", "-",
                              "-"))
@@ -152,9 +179,10 @@ def main():
         log(f"  {rows[-1]}")
     print(f"device: {len(jax.devices())} x {kind} ({jax.default_backend()}), jax "
           f"{jax.__version__}; bf16 matmul peak measured {peak / 1e12:.2f} TFLOP/s"
-          + (f", nominal {nominal / 1e12:.0f}" if nominal else ""))
+          + (f", nominal {nominal / 1e12:.0f}" if nominal else "")
+          + f"; copy bandwidth measured {bandwidth / 1e9:.0f} GB/s")
     print(f"engine: prompt {PROMPT}, {NEW} new tokens per request, all slots busy")
-    print("| shape | what | result | MFU | compile s |")
+    print("| shape | what | result | MFU (train) / bandwidth used (decode) | compile s |")
     print("|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")

@@ -1,0 +1,111 @@
+"""Where a decode step's time goes: the engine's host loop against the same step without it.
+
+    .venv/bin/python scripts/bench_decode_dispatch.py                   # tiny shape, seconds
+    .venv/bin/python scripts/bench_decode_dispatch.py --shape 0.5b --dtype bfloat16
+
+Three ways to advance every slot by `--tokens` tokens, timed in one run on the same state:
+  engine      `Engine.step`: one jitted `generate` call, then the host reads the step's
+              tokens (one device-to-host transfer and a wait per token), as the engine serves;
+  async       the same jitted `generate` called back to back, nothing read until the end:
+              dispatch overlaps device work, so this is the call's dispatch-or-device time;
+  scan k      `k` generate steps inside one jitted `lax.scan` (one call per k tokens).
+Each row gives ms per token step and its ratio to `engine`; the spread between rows is what a
+multi-step decode (reading tokens every k steps) could win. Random weights, every slot busy
+(requests long enough that none finishes), temperature-1 sampling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+
+import jax
+import numpy as np
+
+sys.path.insert(0, ".")
+from rl4mle_jax import models  # noqa: E402
+from rl4mle_jax.engine import Engine, generate  # noqa: E402
+
+
+def fill(engine: Engine, params, prompt: int, slots: int) -> None:
+    rng = np.random.default_rng(0)
+    for i in range(slots):
+        engine.submit(rng.integers(0, engine.config.vocab_size, prompt).tolist(),
+                      jax.random.key(i))
+    engine.step(params)  # inserts (prefills) every request; untimed
+    jax.block_until_ready(engine._state)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="tiny", help="tiny or a preset such as 0.5b, 3b")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--slots", default="1,8")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--scan", default="8,32")
+    ap.add_argument("--prompt", type=int, default=128)
+    args = ap.parse_args()
+    if args.shape == "tiny":
+        config = models.get_preset("tiny", vocab_size=512, num_hidden_layers=2)
+    else:
+        config = models.get_preset(f"qwen2.5-{args.shape}")
+    config = config.replace(dtype=args.dtype, param_dtype=args.dtype)
+    params = models.init_params(config, jax.random.PRNGKey(0))
+    scans = [int(k) for k in args.scan.split(",")]
+    n = args.tokens - args.tokens % max(scans)
+    print(f"{jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}; "
+          f"shape {args.shape} {args.dtype}, prompt {args.prompt}, {n} timed token steps")
+    print("| slots | how | ms / token step | vs engine |")
+    print("|---|---|---|---|")
+    for slots in (int(s) for s in args.slots.split(",")):
+        engine = Engine(config, [config.vocab_size], 0, num_slots=slots,
+                        prompt_buckets=(args.prompt,), max_new_tokens=n + 8)
+        engine.warmup(params)
+        stops = engine._stop_ids
+        rows = []
+
+        fill(engine, params, args.prompt, slots)
+        t = time.perf_counter()
+        for _ in range(n):
+            engine.step(params)
+        rows.append(("engine", (time.perf_counter() - t) / n))
+        engine.reset()
+
+        fill(engine, params, args.prompt, slots)
+        state = engine._generate(params, engine._state, stops)[0]  # same compiled program
+        jax.block_until_ready(state)
+        t = time.perf_counter()
+        for _ in range(n):
+            state, out = engine._generate(params, state, stops)
+        np.asarray(out)
+        rows.append(("async", (time.perf_counter() - t) / n))
+        engine._state = state
+        engine.reset()
+
+        for k in scans:
+            def body(params, state, stops, k=k):
+                step = functools.partial(generate, engine.config, top_k=0, top_p=1.0)
+                return jax.lax.scan(lambda s, _: step(params, s, stops), state, None,
+                                    length=k)
+
+            multi = jax.jit(body, donate_argnums=1)
+            fill(engine, params, args.prompt, slots)
+            state = engine._state
+            state, out = multi(params, state, stops)  # compile + warm-up; untimed
+            np.asarray(out)
+            t = time.perf_counter()
+            for _ in range(n // k - 1):
+                state, out = multi(params, state, stops)
+                np.asarray(out)  # the host reads every k tokens, as a k-step engine would
+            rows.append((f"scan {k}", (time.perf_counter() - t) / (n - k)))
+            engine._state = state
+            engine.reset()
+        base = rows[0][1]
+        for how, s in rows:
+            print(f"| {slots} | {how} | {s * 1e3:.3f} | {base / s:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
