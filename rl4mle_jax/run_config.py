@@ -94,6 +94,9 @@ class SamplingConfig:
     # "continuous": the slot engine (engine.py), requests join and leave between decode steps.
     engine: str = "static"
     engine_slots: int = 8  # decode slots of each continuous engine (policy, frozen copy)
+    # Token steps per jitted engine call, read back together (engine.py): 1 on a CPU; on an
+    # accelerator 8-32 (H200, 0.5B: 32 steps per call decode 2.5x faster per token).
+    engine_steps_per_call: int = 1
 
     def __post_init__(self):
         _need(self.temperature > 0, "temperature",
@@ -110,6 +113,8 @@ class SamplingConfig:
               f"must be >= 0 (0: one cache), got {self.cache_phase_tokens}")
         _need(self.engine in ENGINES, "engine", f"{self.engine!r} is not one of {ENGINES}")
         _need(self.engine_slots >= 1, "engine_slots", f"must be >= 1, got {self.engine_slots}")
+        _need(self.engine_steps_per_call >= 1, "engine_steps_per_call",
+              f"must be >= 1, got {self.engine_steps_per_call}")
         _need(self.max_wait_s >= 0, "max_wait_s", f"must be >= 0, got {self.max_wait_s}")
 
 

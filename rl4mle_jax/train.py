@@ -320,7 +320,8 @@ class _Trainer:
         if samp.engine == "continuous":
             engine = Engine(c.model_config, c.tokenizer.stop_token_ids, c.tokenizer.pad_id,
                             num_slots=samp.engine_slots, prompt_buckets=tuple(samp.prompt_buckets),
-                            max_new_tokens=max_new, top_k=samp.top_k, top_p=samp.top_p)
+                            max_new_tokens=max_new, top_k=samp.top_k, top_p=samp.top_p,
+                            steps_per_call=samp.engine_steps_per_call)
             return EngineService(engine, get_params, self.sampler_lane, key,
                                  max_new_tokens=max_new, temperature=temperature,
                                  busy=self.sampler_busy)

@@ -8,16 +8,15 @@ Three ways to advance every slot by `--tokens` tokens, timed in one run on the s
               tokens (one device-to-host transfer and a wait per token), as the engine serves;
   async       the same jitted `generate` called back to back, nothing read until the end:
               dispatch overlaps device work, so this is the call's dispatch-or-device time;
-  scan k      `k` generate steps inside one jitted `lax.scan` (one call per k tokens).
-Each row gives ms per token step and its ratio to `engine`; the spread between rows is what a
-multi-step decode (reading tokens every k steps) could win. Random weights, every slot busy
+  engine, k per call   `Engine(steps_per_call=k).step`: k generate steps in one jitted
+              `lax.scan`, the host reading their tokens once per call.
+Each row gives ms per token step and its ratio to `engine`. Random weights, every slot busy
 (requests long enough that none finishes), temperature-1 sampling.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import time
 
@@ -26,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, ".")
 from rl4mle_jax import models  # noqa: E402
-from rl4mle_jax.engine import Engine, generate  # noqa: E402
+from rl4mle_jax.engine import Engine  # noqa: E402
 
 
 def fill(engine: Engine, params, prompt: int, slots: int) -> None:
@@ -44,7 +43,7 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--slots", default="1,8")
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--scan", default="8,32")
+    ap.add_argument("--scan", default="8,32", help="steps per call of the multi-step rows")
     ap.add_argument("--prompt", type=int, default=128)
     args = ap.parse_args()
     if args.shape == "tiny":
@@ -84,24 +83,16 @@ def main():
         engine._state = state
         engine.reset()
 
-        for k in scans:
-            def body(params, state, stops, k=k):
-                step = functools.partial(generate, engine.config, top_k=0, top_p=1.0)
-                return jax.lax.scan(lambda s, _: step(params, s, stops), state, None,
-                                    length=k)
-
-            multi = jax.jit(body, donate_argnums=1)
-            fill(engine, params, args.prompt, slots)
-            state = engine._state
-            state, out = multi(params, state, stops)  # compile + warm-up; untimed
-            np.asarray(out)
+        for k in scans:  # the engine itself, k token steps per call
+            multi = Engine(config, [config.vocab_size], 0, num_slots=slots,
+                           prompt_buckets=(args.prompt,), max_new_tokens=n + 8,
+                           steps_per_call=k)
+            multi.warmup(params)
+            fill(multi, params, args.prompt, slots)  # its first call also decodes k tokens
             t = time.perf_counter()
             for _ in range(n // k - 1):
-                state, out = multi(params, state, stops)
-                np.asarray(out)  # the host reads every k tokens, as a k-step engine would
-            rows.append((f"scan {k}", (time.perf_counter() - t) / (n - k)))
-            engine._state = state
-            engine.reset()
+                multi.step(params)
+            rows.append((f"engine, {k} per call", (time.perf_counter() - t) / (n - k)))
         base = rows[0][1]
         for how, s in rows:
             print(f"| {slots} | {how} | {s * 1e3:.3f} | {base / s:.2f}x |", flush=True)

@@ -124,16 +124,17 @@ def drive_hf(model, prompts, lengths, arrivals, batch):
 
 
 def engine_tps(engine, params, prompts, new, decode_only: bool) -> float:
-    """Tokens/s with len(prompts) requests in flight; `decode_only` leaves out the first step,
+    """Tokens/s with len(prompts) requests in flight; `decode_only` leaves out the first call,
     which holds the prefills (for the bandwidth bound, which is about decoding)."""
     t = time.perf_counter()
     for i, p in enumerate(prompts):
         engine.submit(p, jax.random.key(i), max_new_tokens=new)
     engine.step(params)
+    first = min(new, engine.steps_per_call) if decode_only else 0  # tokens of the first call
     if decode_only:
         t = time.perf_counter()
     engine.run(params)
-    return len(prompts) * (new - decode_only) / (time.perf_counter() - t)
+    return len(prompts) * (new - first) / (time.perf_counter() - t)
 
 
 def bench_shape(shape, args, bw):
@@ -143,7 +144,8 @@ def bench_shape(shape, args, bw):
     n_params = sum(x.size for x in jax.tree.leaves(params))
     bw = max(bw, measure_bandwidth_gbs())
     stop = [config.vocab_size]  # never sampled: lengths are imposed (see the docstring)
-    kw = dict(prompt_buckets=args.prompt_buckets, max_new_tokens=args.max_new)
+    kw = dict(prompt_buckets=args.prompt_buckets, max_new_tokens=args.max_new,
+              steps_per_call=args.steps_per_call)
     engine = Engine(config, stop, 0, num_slots=args.slots, **kw)
     engine.warmup(params)
     one = Engine(config, stop, 0, num_slots=1, **kw)
@@ -209,6 +211,8 @@ def main():
                          "largest")
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--static_len", type=int, default=32)
+    ap.add_argument("--steps_per_call", type=int, default=1,
+                    help="the engine's token steps per jitted call (rl4mle_jax.engine)")
     ap.add_argument("--skip_hf_async", action="store_true",
                     help="leave transformers out of the arrival workload (slow at 0.5B)")
     args = ap.parse_args()
@@ -225,7 +229,8 @@ def main():
         figs.append(f)
     src = f"from {args.experience}" if args.experience else f"log-normal, median {args.median_len}"
     print(f"\nload average {os.getloadavg()}; {args.requests} requests per system, lengths {src}"
-          f" (max {args.max_new}), {args.slots} slots / max batch")
+          f" (max {args.max_new}), {args.slots} slots / max batch, engine "
+          f"{args.steps_per_call} step(s) per call")
     print("| shape | system | req/s offered | tokens | tok/s | p50 latency s | p95 latency s |")
     print("|---|---|---|---|---|---|---|")
     rate = {f["shape"]: f["rate"] for f in figs}

@@ -202,6 +202,46 @@ def test_100_requests_through_4_slots_no_recompiles(tied):
             assert b.insert_step == a.finish_step
 
 
+@pytest.mark.parametrize("k", [3, 4])
+def test_steps_per_call_same_tokens_and_slot_reuse(tied, k):
+    """k token steps per call: the same tokens and log-probs as one step per call, with stop
+    tokens and limits landing inside a call; a freed slot is refilled at the next call
+    boundary; no compile after warm-up."""
+    _, config, params, one = tied
+    rng = np.random.default_rng(1)
+    reqs = [(rng.integers(0, 100, rng.integers(1, 17)).tolist(), int(rng.integers(1, 13)),
+             float(rng.choice([0.0, 0.7, 1.0]))) for _ in range(30)]
+    # a stop id that the model does emit, so some requests stop on it mid-call
+    probe = _run(one, params, [r[0] for r in reqs], temperature=1.0, max_new_tokens=12)
+    stop = int(np.bincount(np.concatenate([c.tokens for c in probe])).argmax())
+    runs = {}
+    for steps in (1, k):
+        engine = Engine(config, [stop], PAD, num_slots=4, prompt_buckets=BUCKETS,
+                        max_new_tokens=32, steps_per_call=steps)
+        engine.warmup(params)
+        _run(engine, params, [[1]], max_new_tokens=1)  # warms the host side's eager ops
+        compiles = backend_compiles()
+        ids = [engine.submit(p, jax.random.key(i), max_new_tokens=n, temperature=t)
+               for i, (p, n, t) in enumerate(reqs)]
+        done = engine.run(params)
+        assert engine.num_traces["generate"] == 1 and backend_compiles() == compiles
+        assert sorted(c.request_id for c in done) == ids
+        runs[steps] = {c.request_id: c for c in done}
+    assert any(c.stopped for c in runs[k].values())
+    assert any(not c.stopped and len(c.tokens) > 1 for c in runs[k].values())
+    for rid, a in runs[1].items():
+        b = runs[k][rid]
+        assert b.tokens == a.tokens and b.stopped == a.stopped
+        np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5)
+        assert b.insert_step % k == 0 and b.finish_step - b.insert_step == len(b.tokens)
+    by_slot = {}
+    for c in sorted(runs[k].values(), key=lambda c: c.insert_step):
+        by_slot.setdefault(c.slot, []).append(c)
+    for seq in by_slot.values():  # refilled at the first call boundary after it finished
+        for a, b in zip(seq, seq[1:]):
+            assert b.insert_step == -(-a.finish_step // k) * k
+
+
 def test_service_versions_cancellation_and_errors(tied):
     _, _, params, engine = tied
     traces = dict(engine.num_traces)
@@ -258,4 +298,6 @@ def test_bad_inputs(tied):
         Engine(config, [], PAD)
     with pytest.raises(ValueError, match="prompt_buckets must be strictly increasing"):
         Engine(config, [1], PAD, prompt_buckets=(16, 8))
+    with pytest.raises(ValueError, match="steps_per_call=0 must be >= 1"):
+        Engine(config, [1], PAD, steps_per_call=0)
     assert engine.idle
