@@ -6,7 +6,8 @@ batch to form and then for that batch's longest member. The engine steps in jobs
 lane of at most `max_slice_s` each, so the learner's train steps interleave with decoding;
 within a job, new requests are admitted and finished ones handed back to the event loop at
 every step (a thread hop per step instead costs milliseconds on a busy machine). `get_params`
-is read before every step: a new policy version is used from the next token on.
+is read before every step: a new policy version is used from the next engine call on (the
+next token when `steps_per_call` is 1).
 
 Which version a response reports: `params_version` is the oldest among its tokens (its first
 token's, as versions only grow), so the loop's staleness (current version - params_version) is never
