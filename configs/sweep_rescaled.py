@@ -1,4 +1,4 @@
-"""Rescaled valid rewards with unwhitened advantages (issue 11), on seeds 5-7.
+"""Rescaled valid rewards with unwhitened advantages (issue 11), on seeds 5-7. Not adopted.
 
 The learning check of the unwhitened default on seeds 5-7 (workdirs/learning_check_s567) lifted
 seed 5's valid rate by 0.28 but its test pick fell by 0.020: the policy settled on a reliable
@@ -11,6 +11,10 @@ reviews: baseline 0.8606, strong 0.8735, so 0.859 -> -0.15 and 0.874 -> +1.0), s
 for a failure: score differences weigh ~1/10 of a failure instead of ~1/1000. Measured earlier
 with whitened advantages (README, Learner section): it kept the pick but raised the valid rate
 less; whitening then also scaled the score spread up, so the two were not separable.
+
+Measured (docs/sweep_rescaled/results.md): not adopted. It kept the test pick (-0.0003 vs
+-0.0097) but the valid-rate gain fell to +0.08 (default +0.18) and the batch-reward gain to
++0.95 (+2.09).
 
 Launch (resumes; ~9 min per run on 2 cores; copy workdirs/learning_check_s567/_initial_evals
 and its default/ runs into the workdir to reuse the initial draws and the default's runs):
