@@ -86,9 +86,10 @@ def copy_bandwidth():
 
 
 def step_bytes(config, params, slots):
-    """Bytes one decode step must read at least: every weight once (the tied embedding once, as
-    the output projection) and every slot's whole key/value cache (attention reads all
-    prompt + new rows of it, masked)."""
+    """Bytes one decode step reads: every weight once (a tied embedding once, as the output
+    projection; an untied input embedding is counted whole though a step reads one row of it,
+    so untied shapes are overstated) and every slot's whole key/value cache (attention reads
+    all prompt + new rows of it, masked). Qwen2.5-0.5B and 3B tie their embeddings."""
     weights = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
     kv = (2 * config.num_hidden_layers * slots * (PROMPT + NEW) * config.num_key_value_heads
           * config.head_dim * jnp.dtype(config.dtype).itemsize)
