@@ -59,9 +59,14 @@ def main():
     print("| slots | how | ms / token step | vs engine |")
     print("|---|---|---|---|")
     for slots in (int(s) for s in args.slots.split(",")):
-        engine = Engine(config, [config.vocab_size], 0, num_slots=slots,
-                        prompt_buckets=(args.prompt,), max_new_tokens=n + 8)
-        engine.warmup(params)
+        def warm_engine(steps_per_call, slots=slots):
+            e = Engine(config, [config.vocab_size], 0, num_slots=slots,
+                       prompt_buckets=(args.prompt,), max_new_tokens=n + 8,
+                       steps_per_call=steps_per_call)
+            e.warmup(params)
+            return e
+
+        engine = warm_engine(1)
         stops = engine._stop_ids
         rows = []
 
@@ -84,10 +89,7 @@ def main():
         engine.reset()
 
         for k in scans:  # the engine itself, k token steps per call
-            multi = Engine(config, [config.vocab_size], 0, num_slots=slots,
-                           prompt_buckets=(args.prompt,), max_new_tokens=n + 8,
-                           steps_per_call=k)
-            multi.warmup(params)
+            multi = warm_engine(k)
             fill(multi, params, args.prompt, slots)  # its first call also decodes k tokens
             t = time.perf_counter()
             for _ in range(n // k - 1):

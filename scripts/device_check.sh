@@ -59,30 +59,27 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def matmul_peak():
-    a = jnp.ones((MM, MM), jnp.bfloat16)
-    dot = jax.jit(jnp.dot)
-    dot(a, a).block_until_ready()
+def best_time(fn, *args):
+    """Least wall-clock seconds of 5 calls of jitted `fn` after one warm-up call."""
+    fn(*args).block_until_ready()
     best = np.inf
     for _ in range(5):
         t = time.perf_counter()
-        dot(a, a).block_until_ready()
+        fn(*args).block_until_ready()
         best = min(best, time.perf_counter() - t)
-    return 2 * MM**3 / best
+    return best
+
+
+def matmul_peak():
+    a = jnp.ones((MM, MM), jnp.bfloat16)
+    return 2 * MM**3 / best_time(jax.jit(jnp.dot), a, a)
 
 
 def copy_bandwidth():
     """Bytes/s of a jitted `x + 1` over COPY_MB of bfloat16 (read and write counted), best of
     5: the memory-bandwidth bound that decode rows are set against."""
     x = jnp.ones((COPY_MB << 19,), jnp.bfloat16)
-    add = jax.jit(lambda a: a + 1)
-    add(x).block_until_ready()
-    best = np.inf
-    for _ in range(5):
-        t = time.perf_counter()
-        add(x).block_until_ready()
-        best = min(best, time.perf_counter() - t)
-    return 2 * x.nbytes / best
+    return 2 * x.nbytes / best_time(jax.jit(lambda a: a + 1), x)
 
 
 def step_bytes(config, params, slots):
