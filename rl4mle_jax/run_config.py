@@ -238,6 +238,14 @@ class RunConfig:
     # out its time, so arrival order holds) up to this many times, then runs afresh
     # (rollout/run_cache.py). 0: every program runs (the paper).
     reuse_runs: int = 0
+    # Score ranking among the valid episodes of each learner batch: a valid row's reward in
+    # the batch gets rank_bonus x (its centred rank among the batch's valid rows, in
+    # [-1/2, 1/2]; ties share a rank; per task in multi-task runs) added. A failure's reward
+    # and the mean reward of the valid rows are unchanged, so the failure-vs-valid signal is
+    # the paper's; the ranking lets a better program beat a worse one whatever the score's
+    # scale (raw AUC differences of 0.01 weigh ~1/1000 of a failure's -10). The experience log
+    # and every reward metric keep the paper's reward (rl.advantages.valid_rank_bonus). 0: off.
+    rank_bonus: float = 0.0
     buffer_size: int = 16
     checkpoint_every: int = 2
     keep_checkpoints: int = 2
@@ -270,6 +278,7 @@ class RunConfig:
               f"{self.admission!r} is not one of {ADMISSION_MODES}")
         _need(self.max_staleness >= 0, "max_staleness", f"must be >= 0, got {self.max_staleness}")
         _need(self.reuse_runs >= 0, "reuse_runs", f"must be >= 0, got {self.reuse_runs}")
+        _need(self.rank_bonus >= 0, "rank_bonus", f"must be >= 0, got {self.rank_bonus}")
         _need(self.task_sampling in TASK_SAMPLING, "task_sampling",
               f"{self.task_sampling!r} is not one of {TASK_SAMPLING}")
         _need(0.0 <= self.task_sampling_floor <= 1.0, "task_sampling_floor",

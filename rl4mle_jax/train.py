@@ -44,6 +44,7 @@ from rl4mle_jax.engine import Engine
 from rl4mle_jax.env.instrument_lm import Instrumenter
 from rl4mle_jax.env.instrument_static import MILESTONES
 from rl4mle_jax.report import brief_eval, write_best_solution, write_report
+from rl4mle_jax.rl.advantages import valid_rank_bonus
 from rl4mle_jax.rl.arrival import ArrivalModel
 from rl4mle_jax.rl.learner import make_learner
 from rl4mle_jax.rl.rescue import (
@@ -614,6 +615,11 @@ class _Trainer:
                              self.c.tokenizer.pad_id, cfg.run.duration_source,
                              cfg.run.duration_floor_s, length_bucket=cfg.run.length_bucket,
                              pad_to=pad_to)
+        if cfg.run.rank_bonus > 0:  # what the learner trains on; metrics keep e.reward
+            valid = [e.record.get("status") == "valid" for e in batch]
+            tasks = [self.task_ids.index(e.task) if self.multi else 0 for e in batch]
+            arrays["rewards"] = arrays["rewards"] + valid_rank_bonus(
+                arrays["rewards"], valid, cfg.run.rank_bonus, np.asarray(tasks))
         # Rows sampled with the params being trained: the behaviour log-prob gap's rows.
         arrays["fresh"] = np.asarray([e.params_version == self.loop.version for e in batch],
                                      np.float32)

@@ -242,6 +242,7 @@ def test_qwen_batch_8_fails_in_validation_naming_the_keys():
     ("env.timeout_s", -1.0, "config.env.timeout_s"),
     ("run.duration_source", "wall", "config.run.duration_source"),
     ("run.duration_floor_s", -0.1, "config.run.duration_floor_s"),
+    ("run.rank_bonus", -0.5, "config.run.rank_bonus"),
     ("instrument.mode", "regex", "config.instrument.mode"),
     ("sampling.top_k", 40, "config.sampling.top_k"),
     ("learner.kl_estimator", "k4", "config.learner"),

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 class Advantages(NamedTuple):
@@ -234,3 +235,35 @@ def flat_scores(scores_b: jax.Array, response_mask_bt: jax.Array) -> jax.Array:
     hi = jnp.max(jnp.where(rows, scores, -jnp.inf))
     lo = jnp.min(jnp.where(rows, scores, jnp.inf))
     return jnp.logical_or(~jnp.any(rows), hi - lo <= FLAT_TOL)
+
+
+def valid_rank_bonus(scores_b: np.ndarray, valid_b: np.ndarray, coef: float,
+                     group_ids_b: np.ndarray | None = None) -> np.ndarray:
+    """coef × the centred rank of each valid row's score among its group's valid rows [B].
+
+    Host side (numpy), added to a learner batch's rewards before it is sent
+    (`run.rank_bonus`). Ranks are 0 .. n−1 over the n valid rows of a group, ties take their
+    mean rank; the bonus is coef · (rank / (n − 1) − 1/2), in [−coef/2, coef/2] and summing to 0
+    over a group's valid rows. Invalid rows, and groups with fewer than two valid rows, get 0.
+    Higher score = better (pass the oriented score). group_ids_b None: one group.
+    """
+    scores = np.asarray(scores_b, np.float64)
+    valid = np.asarray(valid_b, bool)
+    if scores.ndim != 1 or valid.shape != scores.shape:
+        raise ValueError(f"scores_b and valid_b must be [B] of one shape, got {scores.shape} "
+                         f"and {valid.shape}")
+    if not np.all(np.isfinite(scores[valid])):
+        raise ValueError("valid rows must have finite scores")
+    groups = np.zeros(scores.shape, np.int64) if group_ids_b is None else np.asarray(group_ids_b)
+    out = np.zeros(scores.shape, np.float32)
+    for g in np.unique(groups[valid]):
+        rows = np.flatnonzero(valid & (groups == g))
+        n = rows.size
+        if n < 2:
+            continue
+        s = scores[rows]
+        below = np.sum(s[None, :] < s[:, None], axis=1)
+        ties = np.sum(s[None, :] == s[:, None], axis=1) - 1
+        rank = below + ties / 2.0  # the mean of the ranks the tied rows share
+        out[rows] = coef * (rank / (n - 1) - 0.5)
+    return out

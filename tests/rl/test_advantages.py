@@ -203,3 +203,49 @@ def test_a_batch_of_equal_scores_has_zero_advantages_but_keeps_its_returns():
                                          values_bt=jnp.asarray(values), kl_bt=jnp.asarray(kl),
                                          kl_coef=0.05, zero_flat=True)
     assert np.abs(np.asarray(with_kl.advantages_bt)).max() > 0.1
+
+
+def _np_rank_bonus(scores, valid, coef, groups):
+    """Reference: scipy's average ranks, per group, over the valid rows only."""
+    from scipy.stats import rankdata
+    out = np.zeros(len(scores))
+    for g in set(np.asarray(groups)[np.asarray(valid, bool)].tolist()):
+        rows = [i for i in range(len(scores)) if valid[i] and groups[i] == g]
+        if len(rows) < 2:
+            continue
+        ranks = rankdata([scores[i] for i in rows], method="average") - 1.0
+        for i, r in zip(rows, ranks):
+            out[i] = coef * (r / (len(rows) - 1) - 0.5)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_valid_rank_bonus_matches_average_ranks(seed):
+    rng = np.random.default_rng(seed)
+    b = 12
+    # Few distinct scores so that ties occur; failures carry the failure reward.
+    scores = rng.choice([0.859, 0.861, 0.874, 0.874, 0.5], size=b)
+    valid = rng.random(b) < 0.75
+    scores = np.where(valid, scores, -10.0)
+    groups = rng.integers(0, 3, size=b)
+    got = adv_lib.valid_rank_bonus(scores, valid, 0.8, groups)
+    np.testing.assert_allclose(got, _np_rank_bonus(scores, valid, 0.8, groups), atol=1e-6)
+    assert np.all(got[~valid] == 0)
+    for g in np.unique(groups):  # zero-sum over each group's valid rows: their mean is kept
+        assert abs(got[(groups == g) & valid].sum()) < 1e-5
+    assert np.all(np.abs(got) <= 0.4 + 1e-6)
+
+
+def test_valid_rank_bonus_edge_cases():
+    f = adv_lib.valid_rank_bonus
+    # One group (None): best +coef/2, worst -coef/2, the failure untouched.
+    np.testing.assert_allclose(f([0.87, -10.0, 0.85, 0.86], [1, 0, 1, 1], 1.0),
+                               [0.5, 0.0, -0.5, 0.0])
+    # Equal scores, one valid row, no valid row: no ranking to give.
+    np.testing.assert_allclose(f([0.87, 0.87, -10.0], [1, 1, 0], 1.0), [0.0, 0.0, 0.0])
+    np.testing.assert_allclose(f([0.87, -10.0], [1, 0], 1.0), [0.0, 0.0])
+    np.testing.assert_allclose(f([-10.0, -9.9], [0, 0], 1.0), [0.0, 0.0])
+    with pytest.raises(ValueError, match="one shape"):
+        f([0.8, 0.9], [1, 1, 0], 1.0)
+    with pytest.raises(ValueError, match="finite"):
+        f([0.8, float("nan")], [1, 1], 1.0)
