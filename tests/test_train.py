@@ -211,3 +211,35 @@ def test_the_loop_runs_on_the_continuous_engine(warm_cache, tmp_path):
     assert done and all(e["response_tokens"] > 0 for e in done)
     inst = summary["instrument"]  # the frozen copy answered through its own engine
     assert inst.get("instrument/lm_accepted", 0) + inst.get("instrument/lm_rejected", 0) > 0
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_rank_bonus_reaches_the_learner_batch_only(multi):
+    """run.rank_bonus changes the rewards the learner trains on (valid rows, per task), not the
+    episodes' own rewards (the experience log and the metrics read those)."""
+    import types
+
+    import numpy as np
+
+    from rl4mle_jax import train
+    from rl4mle_jax.rl.learner_config import LearnerConfig
+    from rl4mle_jax.rollout.episode import Experience
+    from rl4mle_jax.run_config import RunConfig
+
+    c = task_config.get_config()
+    run = RunConfig(**{**c.run.to_dict(), "rank_bonus": 1.0})
+    trainer = types.SimpleNamespace(
+        config=types.SimpleNamespace(prompt=c.prompt, run=run),
+        learner=types.SimpleNamespace(config=LearnerConfig()),
+        c=types.SimpleNamespace(tokenizer=types.SimpleNamespace(pad_id=0)),
+        loop=types.SimpleNamespace(version=0), multi=multi, task_ids=["a", "b"])
+    rows = [(0.87, "valid", "a"), (-10.0, "failure", "a"), (0.85, "valid", "b"),
+            (0.86, "valid", "a"), (0.80, "valid", "b")]
+    batch = [Experience(i, "solve", [1] * 5, [2] * 7, [0.0] * 7, 0, r, {"status": s}, "", None,
+                        True, 1.0, 1.0, 1.0, {}, task=t if multi else "")
+             for i, (r, s, t) in enumerate(rows)]
+    got = train._Trainer._host_arrays(trainer, batch)["rewards"]
+    # One batch: ranks 3, -, 1, 2, 0 of four valid rows; per task: a (0.87 > 0.86), b (0.85 > 0.80).
+    bonus = [0.5, 0.0, 0.5, -0.5, -0.5] if multi else [0.5, 0.0, -1 / 6, 1 / 6, -0.5]
+    np.testing.assert_allclose(got, np.asarray([r for r, _, _ in rows]) + bonus, atol=1e-6)
+    assert [e.reward for e in batch] == [r for r, _, _ in rows]
