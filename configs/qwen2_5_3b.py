@@ -27,6 +27,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.env.timeout_s = 300.0  # the paper's per-task default
     c.env.memory_mb = 16384
     c.learner.actor_lr = 1e-5
+    # The paper's PPO: GAE with a separate critic (the CPU default's leave-one-out baseline
+    # is for a critic that cannot learn within its 300 s; configs/task.py).
+    c.learner.critic = "separate"
+    c.learner.advantage_estimator = "gae"
+    c.learner.group_size = 1
     c.learner.critic_lr = 1e-5
     c.learner.num_minibatches = 4
     c.learner.micro_batch_size = 8

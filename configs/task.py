@@ -2,7 +2,9 @@
 
 With no checkpoint given, the policy is the cached warm start (a byte-level BPE tokenizer and a
 tiny Qwen2 fine-tuned on real, executed solution programs for the task), then PPO with all three
-ideas on: duration-aware gradients, LM instrumentation by the frozen copy, self-improvement.
+ideas on: duration-aware gradients, LM instrumentation by the frozen copy, self-improvement;
+PPO's policy loss with a leave-one-out batch baseline instead of a critic (the paper-scale
+config, configs/qwen2_5_3b.py, keeps GAE with a separate critic).
 
 Every section is generated from the dataclass that owns its fields (rl4mle_jax/run_config.py
 lists them), so every field can be set with --config.SECTION.FIELD=VALUE; this file overrides
@@ -39,12 +41,18 @@ OVERRIDES = {
     },
     "learner": {
         "actor_lr": 3e-5,
-        "critic_lr": 1e-4,
-        # GAE's advantages unwhitened: the return minus the critic's value. Past the first
-        # ~100 s half the batches hold no failure, and whitening scaled their 0.01-0.02 spread
-        # of validation scores up to unit-size steps; unwhitened, the same seeds and draws
-        # gained more in valid rate (+0.24 vs +0.21), batch reward (+2.36 vs +2.06) and test
-        # pick (+0.0011 on every seed vs 0) in one session (docs/sweep_whiten, seeds 2-4).
+        "critic_lr": 1e-4,  # for --config.learner.critic=separate (with advantage_estimator=gae)
+        # No critic: each episode's baseline is the mean reward of the batch's other episodes
+        # (leave-one-out), unwhitened. A separate critic learns nothing in 300 s here (values
+        # -0.18 against returns -1.5: docs/sweep_critic), so GAE's R - V was the raw return: a
+        # batch with one -10 failure pushed the tokens its eight programs share down. Against
+        # that default, same session, seeds 5-7 and draws: 39-46 steps instead of 26-31 (no
+        # critic trunk), batch reward +1.26 vs +0.33, valid rate +0.23 vs +0.17, test pick
+        # -0.0001 vs -0.0005 (docs/sweep_rloo). Unwhitened: whitening scaled a batch's
+        # 0.01-0.02 spread of validation scores up to unit-size steps (docs/sweep_whiten).
+        "critic": "none",
+        "advantage_estimator": "rloo",
+        "group_size": 0,  # one group: the whole batch
         "whiten_advantages": False,
         "temperature": 0.7,  # must equal sampling.temperature
     },

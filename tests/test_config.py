@@ -36,8 +36,12 @@ CHANGED = {
     "task": {"run.eval_samples": 32,
              # 8 slots + run reuse: 25 learner steps in 300 s instead of 14 (README); 12 slots
              # 23-28 against 22 (docs/sweep_slots)
-             "run.slots": 12},
-    "ablations": {"base.run.slots": 12},
+             "run.slots": 12,
+             # a leave-one-out batch baseline, no critic: the separate critic learned nothing
+             # in 300 s (docs/sweep_critic, docs/sweep_rloo)
+             "learner.critic": "none", "learner.advantage_estimator": "rloo"},
+    "ablations": {"base.run.slots": 12, "base.learner.critic": "none",
+                  "base.learner.advantage_estimator": "rloo"},
 }
 for _name, _values in CHANGED.items():
     FROZEN[_name].update(_values)
