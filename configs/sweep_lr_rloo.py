@@ -11,7 +11,7 @@ reward gain +1.16 (6e-5) and +1.24 (1e-4) against +1.26 at 3e-5, valid-rate gain
 +0.250 against +0.229, test pick -0.0057 / -0.0166 against -0.0001: a larger step learns no
 more and drifts to a reliably valid, weaker program (seed 5 at both rates). The default stays.
 
-Launch (resumes; ~9 min per run on 2 cores; point it at the learning check's workdir to reuse
+Launch (resumes; ~7-9 min per run on 2 cores; point it at the learning check's workdir to reuse
 its initial draws, where the `rloo` variant of configs/sweep_rloo.py is the default):
   python experiments/sweep.py --config configs/sweep_lr_rloo.py --workdir workdirs/lc567
 """

@@ -281,8 +281,15 @@ def test_paper_config_runs_every_program():
     assert task_config.get_config().run.reuse_runs > 0
 
 
-@pytest.mark.parametrize("name", ["learning_check", "sweep_tiny", "sweep_improve",
-                                  "sweep_updates"])
+SWEEPS = sorted(p.stem for p in (ROOT / "configs").glob("*.py")
+                if p.stem != "sweep_base" and "sweep_config(" in p.read_text())
+
+
+def test_every_sweep_config_is_checked():
+    assert {"learning_check", "sweep_rloo", "sweep_lr_rloo", "sweep_tiny"} <= set(SWEEPS)
+
+
+@pytest.mark.parametrize("name", SWEEPS)
 def test_sweep_configs_give_valid_runs(name):
     """Every variant x seed of each sweep over configs/task.py makes a config that validates
     (what experiments/sweep.py trains), and a task argument reaches the base."""
