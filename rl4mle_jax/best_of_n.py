@@ -96,11 +96,12 @@ async def _run_candidates(cands: list[Candidate], task: Any, sandbox: Any, timeo
 
 
 def _sample_codes(comps: Any, params: Any, prompts: list[str], rng: jax.Array, kind: str,
-                  temperature: float, max_new_tokens: int) -> list[Candidate]:
+                  temperature: float, max_new_tokens: int,
+                  truncation: dict[str, Any] | None = None) -> list[Candidate]:
     tok = comps.tokenizer
     ids = [tok.encode(p) for p in prompts]
     out = comps.sampler.generate(params, ids, rng, max_new_tokens=max_new_tokens,
-                                 temperature=temperature)
+                                 temperature=temperature, **(truncation or {}))
     cands = []
     for i in range(len(prompts)):
         action = extract_action(tok.decode(out.tokens[i, :out.lengths[i]].tolist(),
@@ -132,10 +133,12 @@ def solve_prompt_text(comps: Any) -> str:
 
 
 def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: float = 0.7,
-              concurrency: int = 2, reuse: int = 0) -> dict[str, Any]:
+              concurrency: int = 2, reuse: int = 0, truncation: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
     """Samples N candidates of both kinds and reports the honest pick and the paper's number.
 
     reuse: how many identical later candidates one run serves (`SharedRuns`; 0: all run).
+    truncation: top_k / top_p / min_p for `Sampler.generate` (the loop's; None: none).
     """
     task, direction = comps.task, comps.task.direction
     if n <= 0:  # evaluation switched off (e.g. in quick tests)
@@ -149,7 +152,7 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
     k_solve, k_improve = jax.random.split(rng)
     n_solve = n - n // 2
     cands = _sample_codes(comps, params, [solve_prompt] * n_solve, k_solve, "solve",
-                          temperature, max_new)
+                          temperature, max_new, truncation)
     shared = SharedRuns(reuse)
     asyncio.run(_run_candidates(cands, task, comps.sandbox, timeout, concurrency, shared))
     seed = max(cands, key=lambda c: oriented_score(c.score("reward"), direction))
@@ -161,7 +164,7 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
         else:  # nothing to improve on: the second half also starts from scratch
             prompt, kind = solve_prompt, "solve"
         more = _sample_codes(comps, params, [prompt] * (n // 2), k_improve, kind,
-                             temperature, max_new)
+                             temperature, max_new, truncation)
         asyncio.run(_run_candidates(more, task, comps.sandbox, timeout, concurrency, shared))
         cands += more
     pick = max(cands, key=lambda c: oriented_score(c.score("reward"), direction))

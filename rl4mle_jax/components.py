@@ -98,6 +98,11 @@ def validate_config(config: Any) -> dict[str, Any]:
     need(abs(learner.temperature - samp.temperature) < 1e-9, "learner.temperature",
          f"{learner.temperature} must equal sampling.temperature={samp.temperature} "
          "(the learner recomputes log-probs at the sampling temperature)")
+    for name in ("top_k", "top_p", "min_p"):
+        need(getattr(learner, name) == getattr(samp, name), f"learner.{name}",
+             f"{getattr(learner, name)} must equal sampling.{name}={getattr(samp, name)} (the "
+             "learner truncates its logits as the sampler did, so that its log-probs are of "
+             "the distribution the tokens were drawn from)")
     need(max(samp.prompt_buckets) >= prompt.max_prompt_tokens,
          "sampling.prompt_buckets", f"largest bucket {max(samp.prompt_buckets)} is "
          f"below prompt.max_prompt_tokens={prompt.max_prompt_tokens}")

@@ -15,7 +15,7 @@ Randomness is per request: token i of a request is drawn with `fold_in(request_k
 its tokens do not depend on its slot, its neighbours or when it was inserted.
 
 Log-probs are those of `Sampler`: of the distribution the token was drawn from
-(`sampling_logprobs`, engine-wide top_k/top_p); greedy requests (temperature 0) report the
+(`sampling_logprobs`, engine-wide top_k/top_p/min_p); greedy requests (temperature 0) report the
 model's temperature-1 log-prob.
 
 Weights: `step(params, version)` takes the weights for that step and tags each token it makes
@@ -161,7 +161,7 @@ def insert(state: SlotState, prefix: KVCache, slot, last_token, length, max_new,
 
 
 def generate(config: Qwen2Config, params, state: SlotState, stop_ids: jax.Array, *,
-             top_k: int, top_p: float) -> tuple[SlotState, jax.Array]:
+             top_k: int, top_p: float, min_p: float = 0.0) -> tuple[SlotState, jax.Array]:
     """Advances every active slot by one token.
 
     Returns (state, out [3, B] float32): the token (exact: ids < 2**24), its log-prob, and
@@ -172,7 +172,7 @@ def generate(config: Qwen2Config, params, state: SlotState, stop_ids: jax.Array,
     logits_bv = logits[:, 0]
     greedy = state.temperature == 0
     temperature = jnp.where(greedy, 1.0, state.temperature)[:, None]
-    logp_bv = sampling_logprobs(logits_bv, temperature, top_k, top_p, top_p < 1.0)
+    logp_bv = sampling_logprobs(logits_bv, temperature, top_k, top_p, top_p < 1.0, min_p)
     keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(state.keys), state.generated)
     sampled = jax.vmap(jax.random.categorical)(keys, logp_bv)
     tok = jnp.where(greedy, jnp.argmax(logits_bv, axis=-1), sampled).astype(jnp.int32)
@@ -187,11 +187,12 @@ def generate(config: Qwen2Config, params, state: SlotState, stop_ids: jax.Array,
 
 
 def generate_steps(config: Qwen2Config, params, state: SlotState, stop_ids: jax.Array, *,
-                   steps: int, top_k: int, top_p: float) -> tuple[SlotState, jax.Array]:
+                   steps: int, top_k: int, top_p: float, min_p: float = 0.0
+                   ) -> tuple[SlotState, jax.Array]:
     """`steps` generate steps in one program; out [steps, 3, B] (row i: step i's `generate`
     output). A slot that stops at step i is inactive after it: it neither advances nor samples
     into its state, and its later rows are to be ignored."""
-    step = functools.partial(generate, config, top_k=top_k, top_p=top_p)
+    step = functools.partial(generate, config, top_k=top_k, top_p=top_p, min_p=min_p)
     return jax.lax.scan(lambda s, _: step(params, s, stop_ids), state, None, length=steps)
 
 
@@ -207,7 +208,8 @@ class Engine:
       prompt_buckets: prompt lengths are padded up to one of these (one prefill compile each).
       max_new_tokens: the largest per-request limit; with the largest prompt bucket it sizes
         the cache (S = prompt_buckets[-1] + max_new_tokens).
-      top_k, top_p: engine-wide truncation (top_k is a shape, so per request would recompile).
+      top_k, top_p, min_p: engine-wide truncation (top_k is a shape, so per request would
+        recompile).
       steps_per_call: token steps per jitted call, read back together (module docstring: 1
         suits a CPU, where a step's compute dwarfs its host round trip; 8-32 an accelerator).
     """
@@ -216,7 +218,7 @@ class Engine:
                  num_slots: int = 8,
                  prompt_buckets: Sequence[int] = (64, 128, 256, 512, 1024),
                  max_new_tokens: int = 256, top_k: int = 0, top_p: float = 1.0,
-                 cache_dtype: str | None = None, steps_per_call: int = 1):
+                 cache_dtype: str | None = None, steps_per_call: int = 1, min_p: float = 0.0):
         if not stop_token_ids:
             raise ValueError("stop_token_ids is empty; give at least one (e.g. the eos id)")
         if not prompt_buckets or list(prompt_buckets) != sorted(set(prompt_buckets)) \
@@ -229,16 +231,16 @@ class Engine:
         if config.vocab_size > 2**24:
             raise ValueError(f"vocab_size={config.vocab_size} > 2**24: token ids would not "
                              f"survive the float32 step output")
-        if top_k < 0 or not 0 < top_p <= 1:
+        if top_k < 0 or not 0 < top_p <= 1 or not 0 <= min_p < 1:
             raise ValueError(f"bad sampling settings: top_k={top_k} (>= 0), "
-                             f"top_p={top_p} (in (0, 1])")
+                             f"top_p={top_p} (in (0, 1]), min_p={min_p} (in [0, 1))")
         self.config = config
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         self.pad_id = int(pad_id)
         self.num_slots = num_slots
         self.prompt_buckets = tuple(prompt_buckets)
         self.max_new_tokens = max_new_tokens
-        self.top_k, self.top_p = int(top_k), float(top_p)
+        self.top_k, self.top_p, self.min_p = int(top_k), float(top_p), float(min_p)
         self.cache_dtype = jnp.dtype(cache_dtype or config.dtype)
         self.max_len = self.prompt_buckets[-1] + max_new_tokens
         stops = list(self.stop_token_ids)
@@ -250,7 +252,7 @@ class Engine:
         self.steps_per_call = int(steps_per_call)
         self._generate = jax.jit(self._counted("generate", functools.partial(
             generate_steps, config, steps=self.steps_per_call, top_k=self.top_k,
-            top_p=self.top_p)), donate_argnums=1)
+            top_p=self.top_p, min_p=self.min_p)), donate_argnums=1)
         self.steps = 0  # generate steps run (tokens per slot), the engine's clock
         self._next_id = 0
         self._pending: collections.deque[_Request] = collections.deque()

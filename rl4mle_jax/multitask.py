@@ -21,11 +21,13 @@ from rl4mle_jax.tracking import DEFAULT_PLOTS
 
 
 def evaluate_tasks(views: dict[str, Any], params: Any, n: int, rng: Any, temperature: float,
-                   concurrency: int, reuse: int = 0) -> dict[str, Any]:
+                   concurrency: int, reuse: int = 0, truncation: dict[str, Any] | None = None
+                   ) -> dict[str, Any]:
     """Best-of-N on each task, each with the same key: the draws a single-task run of that
     task with this seed makes, so a per-task policy and the multi-task one compare like for
     like."""
-    return {"n": n, "tasks": {t: best_of_n(v, params, n, rng, temperature, concurrency, reuse)
+    return {"n": n, "tasks": {t: best_of_n(v, params, n, rng, temperature, concurrency, reuse,
+                                           truncation)
                               for t, v in views.items()}}
 
 

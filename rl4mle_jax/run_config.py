@@ -80,8 +80,12 @@ class SamplingConfig:
     """The policy's sampler and its generation service (rollout.service)."""
 
     temperature: float = 0.7  # the paper's; learner.temperature must equal it
+    # Truncation (rl4mle_jax.sampling.truncate_logits): top-k, top-p nucleus, min-p floor (keep
+    # tokens with p >= min_p * p_max). learner.top_k/top_p/min_p must equal these: the learner
+    # truncates its logits the same way, so its log-probs are the behaviour distribution's.
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     prompt_buckets: tuple[int, ...] = (256, 512)
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8)
     max_batch: int = 4  # requests merged into one sampler call
@@ -101,9 +105,9 @@ class SamplingConfig:
     def __post_init__(self):
         _need(self.temperature > 0, "temperature",
               "must be > 0 (PPO needs the behaviour distribution)")
-        _need(self.top_p == 1.0 and self.top_k == 0, "top_p" if self.top_p != 1.0 else "top_k",
-              "truncated sampling makes behaviour log-probs differ from the learner's; keep "
-              "top_p=1.0, top_k=0")
+        _need(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _need(self.top_k >= 0, "top_k", f"must be >= 0 (0: off), got {self.top_k}")
+        _need(0 <= self.min_p < 1, "min_p", f"must be in [0, 1) (0: off), got {self.min_p}")
         for name in ("prompt_buckets", "batch_buckets"):
             b = tuple(getattr(self, name))
             _need(len(b) > 0 and all(int(x) == x and x >= 1 for x in b), name,

@@ -1,15 +1,16 @@
 """Batched autoregressive sampling with a KV cache: one jitted prefill + `lax.while_loop` decode.
 
 Log-probabilities returned with each sampled token are those of the distribution the token was
-actually drawn from: `log_softmax(logits / T)` restricted to the top-k tokens and then to the
-top-p nucleus, renormalised. PPO uses them as behaviour log-probs. With temperature 1, top_k=0
-and top_p=1 they equal the model's own log-probs `log_softmax(logits)`; with any truncation or
-temperature they do not (recompute under the policy if you need those). Greedy decoding reports
-the model's temperature-1 log-prob of the chosen token.
+actually drawn from: `log_softmax(logits / T)` restricted to the top-k tokens, the top-p
+nucleus and the min-p floor (`truncate_logits`), renormalised. PPO uses them as behaviour
+log-probs, and the learner truncates its own logits the same way (LearnerConfig.top_k, top_p,
+min_p). With temperature 1 and no truncation they equal the model's own log-probs
+`log_softmax(logits)`. Greedy decoding reports the model's temperature-1 log-prob of the chosen
+token.
 
 Shapes are bucketed (prompt length, batch size, max_new_tokens) so that a long run compiles
-each bucket once; temperature, top_p, the exact max_new_tokens and the stop ids are traced
-values and never cause a recompile. top_k (a shape), greedy and "top_p in use" are static.
+each bucket once; temperature, top_p, min_p, the exact max_new_tokens and the stop ids are
+traced values and never cause a recompile. top_k (a shape), greedy and "top_p in use" are static.
 
 The KV cache grows while the batch decodes (`cache_phases`): the decode loop runs in phases of
 `cache_phase_tokens`, 2x, 4x ... new tokens, each with a cache just long enough for its tokens,
@@ -52,30 +53,46 @@ class SampleOutput:
         return self.lengths < self.tokens.shape[1]
 
 
-def sampling_logprobs(logits_bv: jax.Array, temperature: jax.Array | float, top_k: int = 0,
-                      top_p: jax.Array | float = 1.0, use_top_p: bool = False) -> jax.Array:
-    """Log-probs [B, V] of the sampling distribution; truncated tokens get -inf.
+def truncate_logits(x: jax.Array, top_k: int = 0, top_p: jax.Array | float = 1.0,
+                    use_top_p: bool = False, min_p: jax.Array | float = 0.0) -> jax.Array:
+    """Tempered logits [..., V] with the tokens truncated sampling never draws set to -inf.
 
-    Order as in transformers/vLLM: temperature, then top-k, then top-p (smallest set of the most
-    likely tokens whose mass reaches top_p; the most likely token is always kept).
+    Order as in transformers/vLLM: top-k, then top-p (smallest set of the most likely tokens
+    whose mass reaches top_p; the most likely token is always kept), then min-p (tokens whose
+    probability is below min_p times the most likely one's; min_p 0 keeps all, and since the
+    ratio p / p_max does not change under renormalisation its place in the order does not
+    matter). The truncation is a function of the logits alone, so the learner applies this
+    same function to its own logits (rl.learner.token_logprobs_and_entropy).
     """
-    x = logits_bv.astype(jnp.float32) / temperature
-    if top_k > 0 and top_k < x.shape[-1]:
-        kth = jax.lax.top_k(x, top_k)[0][:, -1:]  # [B, 1]
+    x = x.astype(jnp.float32)
+    v = x.shape[-1]
+    if top_k > 0 and top_k < v:
+        kth = jax.lax.top_k(x, top_k)[0][..., -1:]
         x = jnp.where(x < kth, _NEG_INF, x)
     if use_top_p:
         logp = jax.nn.log_softmax(x, axis=-1)
-        if top_k > 0 and top_k < x.shape[-1]:
+        if top_k > 0 and top_k < v:
             sorted_logp = jax.lax.top_k(logp, top_k)[0]  # only k survivors can be in the nucleus
         else:
             sorted_logp = -jnp.sort(-logp, axis=-1)
         p = jnp.exp(sorted_logp)
-        mass_before = jnp.cumsum(p, axis=-1) - p  # [B, K]
-        keep = mass_before < top_p
-        keep = keep.at[:, 0].set(True)
+        mass_before = jnp.cumsum(p, axis=-1) - p
+        keep = (mass_before < top_p).at[..., 0].set(True)
         # Threshold = smallest kept log-prob; ties at the threshold are all kept (as in HF).
         threshold = jnp.min(jnp.where(keep, sorted_logp, jnp.inf), axis=-1, keepdims=True)
         x = jnp.where(logp < threshold, _NEG_INF, x)
+    # p_i >= min_p * p_max  <=>  x_i >= x_max + log(min_p); log(0) = -inf keeps every token.
+    floor = jnp.max(x, axis=-1, keepdims=True) + jnp.log(jnp.float32(min_p))
+    return jnp.where(x < floor, _NEG_INF, x)
+
+
+def sampling_logprobs(logits_bv: jax.Array, temperature: jax.Array | float, top_k: int = 0,
+                      top_p: jax.Array | float = 1.0, use_top_p: bool = False,
+                      min_p: jax.Array | float = 0.0) -> jax.Array:
+    """Log-probs [B, V] of the sampling distribution (`truncate_logits` of logits / T,
+    renormalised); truncated tokens get -inf."""
+    x = truncate_logits(logits_bv.astype(jnp.float32) / temperature, top_k, top_p, use_top_p,
+                        min_p)
     return jax.nn.log_softmax(x, axis=-1)
 
 
@@ -136,7 +153,7 @@ class Sampler:
 
     # ------------------------------------------------------------------ traced program
     def _generate_impl(self, params, tokens_bp, mask_bp, done_b, rng, temperature, top_p,
-                       max_new, stop_ids, *, max_new_bucket, greedy, top_k, use_top_p):
+                       min_p, max_new, stop_ids, *, max_new_bucket, greedy, top_k, use_top_p):
         self.num_traces += 1  # Python side effect: runs only while tracing
         cfg = self.config
         b, p = tokens_bp.shape
@@ -157,7 +174,8 @@ class Sampler:
                 tok = jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
                 logp_bv = jax.nn.log_softmax(logits_bv.astype(jnp.float32), axis=-1)
             else:
-                logp_bv = sampling_logprobs(logits_bv, temperature, top_k, top_p, use_top_p)
+                logp_bv = sampling_logprobs(logits_bv, temperature, top_k, top_p, use_top_p,
+                                            min_p)
                 tok = jax.random.categorical(key, logp_bv, axis=-1).astype(jnp.int32)
             return tok, jnp.take_along_axis(logp_bv, tok[:, None], axis=-1)[:, 0]
 
@@ -203,6 +221,7 @@ class Sampler:
         top_k: int = 0,
         greedy: bool = False,
         stop_token_ids: Sequence[int] | None = None,
+        min_p: float = 0.0,
     ) -> SampleOutput:
         """Sample up to `max_new_tokens` per prompt; rows stop at the first stop token.
 
@@ -211,7 +230,7 @@ class Sampler:
         8 ids). Same rng and inputs give the same output.
         """
         stops, max_new, static, temperature = self._settings(
-            max_new_tokens, temperature, top_p, top_k, greedy, stop_token_ids)
+            max_new_tokens, temperature, top_p, top_k, greedy, stop_token_ids, min_p)
         if not prompts:
             raise ValueError("prompts is empty")
         vocab = self.config.vocab_size
@@ -225,30 +244,31 @@ class Sampler:
         chunk = self.batch_buckets[-1]
         outs = [self._generate_chunk(params, prompts[s:s + chunk],
                                      jax.random.fold_in(rng, s // chunk), max_new, temperature,
-                                     top_p, stops, static)
+                                     (top_p, min_p), stops, static)
                 for s in range(0, len(prompts), chunk)]
         return SampleOutput(*(np.concatenate(parts) for parts in zip(*(dataclasses.astuple(o)
                                                                       for o in outs))))
 
     def warm_up(self, params, batch_sizes: Sequence[int], prompt_lengths: Sequence[int],
                 rng: jax.Array, max_new_tokens: int | None = None, temperature: float = 1.0,
-                top_p: float = 1.0, top_k: int = 0) -> int:
+                top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0) -> int:
         """Compiles the decode program `generate` would call for each batch bucket and prompt
         bucket of the given sizes, with these settings and a key of `rng`'s kind (a raw and a
         typed key are different programs), and runs it for one token (before a clock starts,
         so that the first real calls compile nothing). Returns how many programs were new."""
         stops, _, static, temperature = self._settings(max_new_tokens, temperature, top_p, top_k,
-                                                       False, None)
+                                                       False, None, min_p)
         traces = self.num_traces
         for b in sorted({_bucket(n, self.batch_buckets, "batch size") for n in batch_sizes}):
             for p in sorted({_bucket(n, self.prompt_buckets, "prompt length")
                              for n in prompt_lengths}):
                 # One decode step (the loop bound is an argument; the program is the same).
                 self._generate_chunk(params, [[self.pad_id] * p] * b, rng, 1, temperature,
-                                     top_p, stops, static)
+                                     (top_p, min_p), stops, static)
         return self.num_traces - traces
 
-    def _settings(self, max_new_tokens, temperature, top_p, top_k, greedy, stop_token_ids):
+    def _settings(self, max_new_tokens, temperature, top_p, top_k, greedy, stop_token_ids,
+                  min_p=0.0):
         """(stop ids padded to a multiple of 8, max_new, the program's static arguments, the
         temperature it is called with) for one call's settings, checked."""
         stops = list(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
@@ -259,9 +279,10 @@ class Sampler:
         max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
         if max_new < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new}")
-        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0 or not 0 <= min_p < 1:
             raise ValueError(f"bad sampling settings: temperature={temperature} (>= 0), "
-                             f"top_p={top_p} (in (0, 1]), top_k={top_k} (>= 0)")
+                             f"top_p={top_p} (in (0, 1]), top_k={top_k} (>= 0), "
+                             f"min_p={min_p} (in [0, 1))")
         greedy = greedy or temperature == 0
         static = dict(
             max_new_bucket=_bucket(max_new, self.new_token_buckets, "max_new_tokens"),
@@ -270,7 +291,8 @@ class Sampler:
             use_top_p=bool(not greedy and top_p < 1.0))
         return stops, max_new, static, 1.0 if greedy else temperature
 
-    def _generate_chunk(self, params, prompts, rng, max_new, temperature, top_p, stops, static):
+    def _generate_chunk(self, params, prompts, rng, max_new, temperature, truncation, stops,
+                        static):
         n = len(prompts)
         b = _bucket(n, self.batch_buckets, "batch size")
         p = _bucket(max(len(x) for x in prompts), self.prompt_buckets, "prompt length")
@@ -281,9 +303,10 @@ class Sampler:
             mask[i, p - len(pr):] = 1
         mask[n:, -1] = 1  # filler rows: one real token, marked done from the start
         done = np.arange(b) >= n
+        top_p, min_p = truncation
         out_tok, out_logp, lengths = self._generate_jit(
             params, tokens, mask, done, rng, jnp.float32(temperature), jnp.float32(top_p),
-            jnp.int32(max_new), jnp.asarray(stops, jnp.int32), **static)
+            jnp.float32(min_p), jnp.int32(max_new), jnp.asarray(stops, jnp.int32), **static)
         out_tok, out_logp, lengths = jax.device_get((out_tok, out_logp, lengths))
         return SampleOutput(
             tokens=np.asarray(out_tok[:n, :max_new], np.int32),

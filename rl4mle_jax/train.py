@@ -108,6 +108,8 @@ def initial_eval_key(config: Any, source: dict[str, Any] | None = None) -> str:
     # Niceness orders the programs' CPU after the host's, it changes no outcome (and the key
     # of the evaluations made before the field existed stays).
     d.get("env", {}).pop("nice", None)
+    if not d.get("sampling", {}).get("min_p"):  # off: the key from before the field existed
+        d.get("sampling", {}).pop("min_p", None)
     if not d.get("tasks"):  # one task: the key of the runs made before config.tasks existed
         d.pop("tasks", None)
     d["eval_samples"] = config.run.eval_samples
@@ -149,14 +151,17 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
     comps = build_components(config, workdir)
     key = jax.random.PRNGKey(config.seed)
     n, temp, slots = config.run.eval_samples, config.sampling.temperature, config.run.slots
+    # The evaluations sample the policy as the loop does: the same truncation.
+    truncation = {k: config.sampling[k] for k in ("top_k", "top_p", "min_p")}
     reuse = config.run.reuse_runs  # identical candidates share a run, as in the loop
 
     def evaluate(params: Any) -> dict[str, Any]:
         # The same draws before and after RL: a difference is the policy's, not the dice's.
         if comps.views:  # multi-task: per task, the draws of that task's single-task run
             return multitask.evaluate_tasks(comps.views, params, n, jax.random.fold_in(key, 1),
-                                            temp, slots, reuse)
-        return best_of_n(comps, params, n, jax.random.fold_in(key, 1), temp, slots, reuse)
+                                            temp, slots, reuse, truncation)
+        return best_of_n(comps, params, n, jax.random.fold_in(key, 1), temp, slots, reuse,
+                         truncation)
     initial_path = workdir / "eval_initial.json"
     shared = (Path(shared_evals) / f"{initial_eval_key(config, comps.source)}.json"
               if shared_evals else None)
@@ -322,14 +327,14 @@ class _Trainer:
             engine = Engine(c.model_config, c.tokenizer.stop_token_ids, c.tokenizer.pad_id,
                             num_slots=samp.engine_slots, prompt_buckets=tuple(samp.prompt_buckets),
                             max_new_tokens=max_new, top_k=samp.top_k, top_p=samp.top_p,
-                            steps_per_call=samp.engine_steps_per_call)
+                            min_p=samp.min_p, steps_per_call=samp.engine_steps_per_call)
             return EngineService(engine, get_params, self.sampler_lane, key,
                                  max_new_tokens=max_new, temperature=temperature,
                                  busy=self.sampler_busy)
         return GenerationService(
             c.sampler, get_params, self.sampler_lane, key, max_batch=samp.max_batch,
             max_wait_s=samp.max_wait_s, busy=self.sampler_busy, max_new_tokens=max_new,
-            temperature=temperature, top_p=samp.top_p, top_k=samp.top_k)
+            temperature=temperature, top_p=samp.top_p, top_k=samp.top_k, min_p=samp.min_p)
 
     # --------------------------------------------------------------------- the loop
     async def run(self) -> dict[str, Any]:

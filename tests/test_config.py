@@ -72,8 +72,8 @@ CHOICES = {
 }
 # Values the walk must not pick (they would make the combined config invalid).
 NOT = {("learner", "advantage_estimator"): ("gae",), ("learner", "critic"): ("none",)}
-# Fields with one allowed value (truncated sampling is refused): they arrive, then are reset.
-ONE_VALUE = {("sampling", "top_p"), ("sampling", "top_k")}
+# Fields whose generic other value (a float 1.0 doubled) would be out of range.
+OTHER = {("sampling", "top_p"): 0.9, ("learner", "top_p"): 0.9}
 
 
 def _flatten(config) -> dict:
@@ -113,6 +113,8 @@ def _sections():
 
 def _other_value(section: str, name: str, default, hint):
     """A value of the field's type that differs from its default (valid where we know how)."""
+    if (section, name) in OTHER:
+        return OTHER[section, name]
     if (section, name) in CHOICES:
         skip = (default, *NOT.get((section, name), ()))
         return next(v for v in CHOICES[section, name] if v not in skip)
@@ -184,16 +186,13 @@ def test_every_field_is_set_from_the_command_line():
         current = config
         for part in section.split("."):
             current = current[part]
-        defaults = dataclasses.asdict(cls())
-        values = {k: defaults[k] if (section, k) in ONE_VALUE else v
-                  for k, v in current.items() if k in names}
+        values = {k: v for k, v in current.items() if k in names}
         if cls is WarmStartConfig:
             built = WarmStartConfig.from_mapping(values)
         else:
             built = run_config.from_section(cls, values)
         for name in names:
-            if (section, name) not in ONE_VALUE:
-                assert getattr(built, name) == want[f"{section}.{name}"], (section, name)
+            assert getattr(built, name) == want[f"{section}.{name}"], (section, name)
 
 
 @pytest.mark.parametrize("name,module", [("task", task_config), ("qwen2_5_3b", qwen2_5_3b),
@@ -248,7 +247,10 @@ def test_qwen_batch_8_fails_in_validation_naming_the_keys():
     ("run.duration_floor_s", -0.1, "config.run.duration_floor_s"),
     ("run.rank_bonus", -0.5, "config.run.rank_bonus"),
     ("instrument.mode", "regex", "config.instrument.mode"),
-    ("sampling.top_k", 40, "config.sampling.top_k"),
+    ("sampling.top_k", -1, "config.sampling.top_k"),
+    ("sampling.min_p", 1.0, "config.sampling.min_p"),
+    ("sampling.min_p", 0.1, "config.learner.min_p"),  # the learner must truncate alike
+    ("learner.top_k", 40, "config.learner.top_k"),
     ("learner.kl_estimator", "k4", "config.learner"),
     ("learner.duration_weighting", "linear", "config.learner"),
     ("learner.duration_max_weight", 0.0, "config.learner"),

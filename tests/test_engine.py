@@ -121,14 +121,14 @@ def test_greedy_matches_sampler_and_transformers(both):
     assert len(out[0].tokens) == 24 and eng.num_traces["generate"] == 1
 
 
-@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (7, 0.6)])
-def test_sampled_logprobs_match_full_forward(tied, top_k, top_p):
+@pytest.mark.parametrize("top_k,top_p,min_p", [(0, 1.0, 0.0), (7, 0.6, 0.0), (0, 1.0, 0.2)])
+def test_sampled_logprobs_match_full_forward(tied, top_k, top_p, min_p):
     """Mixed per-request temperatures in one engine; each token's log-prob equals the sampling
     distribution recomputed from a full forward pass over the finished sequence."""
     _, config, params, engine = tied
-    if top_k:
+    if top_k or min_p:
         engine = Engine(config, [NO_STOP], PAD, num_slots=4, prompt_buckets=BUCKETS,
-                        max_new_tokens=32, top_k=top_k, top_p=top_p)
+                        max_new_tokens=32, top_k=top_k, top_p=top_p, min_p=min_p)
     temps = [1.0, 0.7, 0.0, 1.3, 1.0, 0.5]
     ids = [engine.submit(p, jax.random.key(10 + i), max_new_tokens=20, temperature=t)
            for i, (p, t) in enumerate(zip(PROMPTS, temps))]
@@ -141,7 +141,7 @@ def test_sampled_logprobs_match_full_forward(tied, top_k, top_p):
                 assert tok == lg[j].argmax()
                 want = _np_sampling_logprobs(lg[j], 1.0, 0, 1.0)[tok]
             else:
-                want = _np_sampling_logprobs(lg[j], t, top_k, top_p)[tok]
+                want = _np_sampling_logprobs(lg[j], t, top_k, top_p, min_p)[tok]
             assert np.isfinite(want), "sampled a truncated token"
             np.testing.assert_allclose(c.logprobs[j], want, atol=1e-4)
     assert len({tuple(done[r].tokens) for r in ids}) == len(ids)

@@ -94,8 +94,9 @@ def _full_logprobs(config, params, prompts, out):
     return res
 
 
-def _np_sampling_logprobs(logits_v, temperature, top_k, top_p):
-    """NumPy reference: temperature, then top-k, then top-p (keep while mass before < p)."""
+def _np_sampling_logprobs(logits_v, temperature, top_k, top_p, min_p=0.0):
+    """NumPy reference: temperature, then top-k, then top-p (keep while mass before < p), then
+    min-p (keep p >= min_p * max p)."""
     x = logits_v.astype(np.float64) / temperature
     if 0 < top_k < x.size:
         x = np.where(x < np.sort(x)[::-1][top_k - 1], -np.inf, x)
@@ -107,6 +108,9 @@ def _np_sampling_logprobs(logits_v, temperature, top_k, top_p):
         drop = order[(mass_before >= top_p) & (np.arange(x.size) > 0)]
         x = x.copy()
         x[drop] = -np.inf
+    if min_p > 0:
+        p = np.exp(x - x.max())
+        x = np.where(p < min_p * p.max(), -np.inf, x)
     z = x - x.max()
     return z - np.log(np.exp(z).sum())
 
@@ -142,16 +146,17 @@ def test_logprobs_match_full_forward_at_temperature_1(both):
     assert out.tokens.shape == (3, 20) and (out.lengths == 20).all()
 
 
-@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 1.0), (0, 0.8), (7, 0.6)])
-def test_truncated_logprobs_match_reference(models, sampler, top_k, top_p):
+@pytest.mark.parametrize("top_k,top_p,min_p", [(0, 1.0, 0.0), (5, 1.0, 0.0), (0, 0.8, 0.0),
+                                               (7, 0.6, 0.0), (0, 1.0, 0.3), (6, 0.9, 0.1)])
+def test_truncated_logprobs_match_reference(models, sampler, top_k, top_p, min_p):
     _, config, params = models
     t = 0.7
     out = sampler.generate(params, PROMPTS, jax.random.key(2), max_new_tokens=20,
-                           temperature=t, top_k=top_k, top_p=top_p)
+                           temperature=t, top_k=top_k, top_p=top_p, min_p=min_p)
     ref = _full_logprobs(config, params, PROMPTS, out)
     for i in range(len(PROMPTS)):
         for j in range(out.lengths[i]):
-            lp = _np_sampling_logprobs(ref[i, j], t, top_k, top_p)
+            lp = _np_sampling_logprobs(ref[i, j], t, top_k, top_p, min_p)
             assert np.isfinite(lp[out.tokens[i, j]]), "sampled a truncated token"
             np.testing.assert_allclose(out.logprobs[i, j], lp[out.tokens[i, j]], atol=1e-4)
 
@@ -159,24 +164,31 @@ def test_truncated_logprobs_match_reference(models, sampler, top_k, top_p):
 def test_sampling_logprobs_unit_vs_numpy():
     rng = np.random.default_rng(0)
     lg = rng.normal(size=(6, 50)).astype(np.float32) * 3
-    for t, k, p in [(1.0, 0, 1.0), (0.5, 3, 1.0), (1.3, 0, 0.9), (0.7, 10, 0.5), (1.0, 0, 1e-6)]:
-        got = np.asarray(sampling_logprobs(jnp.asarray(lg), t, k, p, use_top_p=p < 1))
+    for t, k, p, m in [(1.0, 0, 1.0, 0.0), (0.5, 3, 1.0, 0.0), (1.3, 0, 0.9, 0.0),
+                       (0.7, 10, 0.5, 0.0), (1.0, 0, 1e-6, 0.0), (0.7, 0, 1.0, 0.05),
+                       (1.0, 0, 1.0, 0.5), (0.7, 10, 0.9, 0.2), (1.0, 0, 1.0, 0.999)]:
+        got = np.asarray(sampling_logprobs(jnp.asarray(lg), t, k, p, use_top_p=p < 1, min_p=m))
         for b in range(lg.shape[0]):
-            want = _np_sampling_logprobs(lg[b], t, k, p)
+            want = _np_sampling_logprobs(lg[b], t, k, p, m)
             np.testing.assert_array_equal(np.isfinite(got[b]), np.isfinite(want))
             fin = np.isfinite(want)
             np.testing.assert_allclose(got[b][fin], want[fin], atol=1e-5)
-    # Same kept sets and probabilities as transformers' warpers (temperature, top-k, top-p).
+    # Same kept sets and probabilities as transformers' warpers (temperature, top-k, top-p,
+    # min-p, in the order generate applies them).
     from transformers.generation import logits_process as lp_hf
 
-    for t, k, p in [(0.7, 5, 0.8), (1.0, 0, 0.9), (0.5, 20, 0.3)]:
+    for t, k, p, m in [(0.7, 5, 0.8, 0.0), (1.0, 0, 0.9, 0.0), (0.5, 20, 0.3, 0.0),
+                       (0.7, 0, 1.0, 0.1), (1.0, 8, 0.9, 0.3)]:
         x = torch.from_numpy(lg)
         x = lp_hf.TemperatureLogitsWarper(t)(None, x)
         if k:
             x = lp_hf.TopKLogitsWarper(k)(None, x)
-        x = lp_hf.TopPLogitsWarper(p)(None, x)
+        if p < 1:
+            x = lp_hf.TopPLogitsWarper(p)(None, x)
+        if m:
+            x = lp_hf.MinPLogitsWarper(m)(None, x)
         want = torch.log_softmax(x, -1).numpy()
-        got = np.asarray(sampling_logprobs(jnp.asarray(lg), t, k, p, use_top_p=True))
+        got = np.asarray(sampling_logprobs(jnp.asarray(lg), t, k, p, use_top_p=p < 1, min_p=m))
         np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
         np.testing.assert_allclose(got[np.isfinite(got)], want[np.isfinite(want)], atol=1e-5)
     # Empirical frequencies follow the truncated distribution.

@@ -179,7 +179,7 @@ def test_bad_config_fails_before_any_work(tmp_path):
         ("run.slots", 0, "config.run.slots"),
         ("run.batch_size", 3, "config.run.batch_size"),  # 8 test devices on the data axis
         ("mesh.fsdp", 3, "config.mesh"),
-        ("sampling.top_p", 0.9, "config.sampling.top_p"),
+        ("sampling.top_p", 0.9, "config.learner.top_p"),  # the learner must truncate alike
         ("learner.temperature", 1.0, "config.learner.temperature"),
         ("learner.agg_mode", "token-sum", "config.learner"),
         ("reward.normalisation", "zscore", "config.reward"),

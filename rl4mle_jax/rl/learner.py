@@ -53,11 +53,13 @@ from rl4mle_jax.rl.state import (
     make_schedule,
     opt_state_shardings,
 )
+from rl4mle_jax.sampling import truncate_logits
 
 # How per-micro-batch metrics combine into one number (default: token-weighted mean).
 _SUMMED = ("loss", "pg_loss", "vf_loss", "actor_loss", "kl_loss", "entropy")  # already /full count
 _MAXED = ("ratio_max", "behaviour_logp_gap_max", "behaviour_weight_max")
 _MINNED = ("ratio_min",)
+_NEG_INF = -jnp.inf
 
 
 def shift_right(x_bt: jax.Array) -> jax.Array:
@@ -66,13 +68,30 @@ def shift_right(x_bt: jax.Array) -> jax.Array:
     return jnp.pad(x_bt[:, :-1], ((0, 0), (1, 0)))
 
 
-def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array, start: int = 0
+def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array, start: int = 0,
+                               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
                                ) -> tuple[jax.Array, jax.Array]:
     """log p(tokens[t] | tokens[<t]) and that distribution's entropy, both [B, T] (0 at
-    t <= start). logits_btv holds positions [start, T) (`logits_from`=start)."""
-    logp_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32), axis=-1)
-    logp_bt = jnp.take_along_axis(logp_btv, tokens_bt[:, start + 1:, None], axis=-1)[..., 0]
-    entropy_bt = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
+    t <= start). logits_btv holds positions [start, T) (`logits_from`=start), divided by the
+    sampling temperature.
+
+    top_k / top_p / min_p: the sampler's truncation (`sampling.truncate_logits`); the
+    distribution is then the truncated one, renormalised, as the sampler's log-probs are. The
+    set is taken from these logits (no gradient flows through it) and always keeps the token
+    the row holds: it was drawn from the behaviour set, and after an update its probability may
+    fall below the floor, where its log-prob would be -inf (ratio 0, NaN gradients).
+    """
+    x = logits_btv[:, :-1].astype(jnp.float32)
+    targets = tokens_bt[:, start + 1:]
+    if top_k > 0 or top_p < 1 or min_p > 0:
+        cut = truncate_logits(jax.lax.stop_gradient(x), top_k, top_p, top_p < 1, min_p)
+        is_target = jnp.arange(x.shape[-1]) == targets[..., None]  # fused, never materialised
+        x = jnp.where(is_target | (cut > _NEG_INF), x, _NEG_INF)
+    logp_btv = jax.nn.log_softmax(x, axis=-1)
+    logp_bt = jnp.take_along_axis(logp_btv, targets[..., None], axis=-1)[..., 0]
+    p_btv = jnp.exp(logp_btv)
+    # 0 * -inf is NaN: cut tokens add 0 (and no NaN reaches the backward pass either).
+    entropy_bt = -jnp.sum(p_btv * jnp.where(p_btv > 0, logp_btv, 0.0), axis=-1)
     pad = ((0, 0), (start + 1, 0))
     return jnp.pad(logp_bt, pad), jnp.pad(entropy_bt, pad)
 
@@ -222,6 +241,12 @@ class Learner:
         values = None if values is None else shift_right(values)
         return logits / self.config.temperature, values
 
+    @property
+    def _truncation(self) -> dict[str, Any]:
+        """The sampler's truncation, as `token_logprobs_and_entropy` takes it."""
+        c = self.config
+        return {"top_k": c.top_k, "top_p": c.top_p, "min_p": c.min_p}
+
     def _chunked(self, fn, *arrays: jax.Array):
         """fn over rows in chunks of micro_batch_size (bounds the [B, T, V] logits)."""
         mbs, b = self.config.micro_batch_size, arrays[0].shape[0]
@@ -235,7 +260,7 @@ class Learner:
                                   attention_mask_bt: jax.Array) -> dict[str, jax.Array]:
         def fn(tokens, mask):
             logits, values = self._model_outputs(policy, critic, tokens, mask)
-            logp, ent = token_logprobs_and_entropy(logits, tokens)
+            logp, ent = token_logprobs_and_entropy(logits, tokens, **self._truncation)
             return {"logprobs": logp, "entropy": ent,
                     "values": jnp.zeros_like(logp) if values is None else values}
         return self._chunked(fn, tokens_bt, attention_mask_bt)
@@ -244,7 +269,8 @@ class Learner:
                        attention_mask_bt: jax.Array) -> jax.Array:
         def fn(tokens, mask):
             logits = critic_lib.policy_logits(self.model_config, params, tokens, mask)
-            return token_logprobs_and_entropy(logits / self.config.temperature, tokens)[0]
+            return token_logprobs_and_entropy(logits / self.config.temperature, tokens,
+                                              **self._truncation)[0]
         return self._chunked(fn, tokens_bt, attention_mask_bt)
 
     # --------------------------------------------------------------------- the update
@@ -266,7 +292,8 @@ class Learner:
         cfg = self.config
         logits, values = self._model_outputs(policy, critic, x["tokens"], x["attention_mask"],
                                              logits_from)
-        logp, entropy = token_logprobs_and_entropy(logits, x["tokens"], logits_from)
+        logp, entropy = token_logprobs_and_entropy(logits, x["tokens"], logits_from,
+                                                   **self._truncation)
         step_metrics = {}
         if "advantages" not in x:  # single pass: the old values are this forward's values
             values_old = jax.lax.stop_gradient(values)

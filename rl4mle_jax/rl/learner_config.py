@@ -85,6 +85,13 @@ class LearnerConfig:
     # Model side.
     critic: str = "separate"  # "separate" | "shared" | "none"
     temperature: float = 1.0  # sampling temperature the behaviour log-probs were taken at
+    # The sampler's truncation (sampling.truncate_logits), applied to the learner's tempered
+    # logits before every log-prob and entropy; the token a row was given is always kept (it was
+    # in the behaviour set; a later policy may push it below the floor, and its log-prob must
+    # stay finite). 0 / 1.0 / 0.0: no truncation.
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
     remat: bool = False  # rematerialise decoder layers in the backward pass (saves memory)
 
     def __post_init__(self):
@@ -128,6 +135,9 @@ class LearnerConfig:
                              f"{self.micro_batch_size}")
         if self.temperature <= 0:
             raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
+        if self.top_k < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p < 1:
+            raise ValueError(f"LearnerConfig: top_k={self.top_k} (>= 0), top_p={self.top_p} "
+                             f"(in (0, 1]) and min_p={self.min_p} (in [0, 1)) out of range")
 
     @property
     def uses_critic(self) -> bool:

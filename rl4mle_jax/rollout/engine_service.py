@@ -58,7 +58,7 @@ class EngineService:
       rng: seeds the host generator that draws each request's key (no device op per
         request); a request's tokens depend on its key alone.
       max_new_tokens, temperature: per-request settings this service uses (the engine's
-        limit by default; temperature 0 = greedy). top_k/top_p, if given, must equal the
+        limit by default; temperature 0 = greedy). top_k/top_p/min_p, if given, must equal the
         engine's: they are fixed when it compiles.
       max_slice_s: longest stretch of steps per device-lane job (others wait that long at most).
       busy: where the lane's engine jobs are recorded (share it with the lane), as
@@ -77,13 +77,14 @@ class EngineService:
         temperature: float = 1.0,
         top_p: float | None = None,
         top_k: int | None = None,
+        min_p: float | None = None,
         max_slice_s: float = 0.1,
         max_batch: int | None = None,
         max_wait_s: float | None = None,
         busy: BusySpans | None = None,
     ):
         del max_batch, max_wait_s
-        for name, want in (("top_p", top_p), ("top_k", top_k)):
+        for name, want in (("top_p", top_p), ("top_k", top_k), ("min_p", min_p)):
             have = getattr(engine, name)
             if want is not None and want != have:
                 raise ValueError(f"{name}={want} differs from the engine's {name}={have}; "

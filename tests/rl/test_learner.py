@@ -97,6 +97,39 @@ def test_token_logprobs_and_entropy_match_numpy():
                                   [[0, 0, 1], [0, 3, 4]])
 
 
+@pytest.mark.parametrize("top_k,top_p,min_p", [(0, 1.0, 0.1), (0, 1.0, 0.6), (4, 1.0, 0.0),
+                                               (0, 0.7, 0.0), (5, 0.9, 0.2)])
+def test_truncated_token_logprobs_match_numpy(top_k, top_p, min_p):
+    """The sampler's truncation in the learner: each token's log-prob and entropy are those of
+    the truncated distribution over the kept set plus the token itself (NumPy), and the
+    gradients are finite although cut tokens hold -inf."""
+    from tests.test_sampling import _np_sampling_logprobs
+
+    rng = np.random.default_rng(1)
+    logits = (rng.normal(size=(3, 9, 11)) * 2.5).astype(np.float32)
+    tokens = rng.integers(0, 11, (3, 9))
+    kw = dict(top_k=top_k, top_p=top_p, min_p=min_p)
+    logp, ent = jax.device_get(token_logprobs_and_entropy(jnp.asarray(logits),
+                                                          jnp.asarray(tokens), **kw))
+    outside = 0
+    for b in range(3):
+        for t in range(1, 9):
+            tok = tokens[b, t]
+            ref = _np_sampling_logprobs(logits[b, t - 1], 1.0, top_k, top_p, min_p)
+            keep = np.isfinite(ref)
+            outside += not keep[tok]
+            keep[tok] = True  # the token a row holds is always in the set
+            z = np.where(keep, logits[b, t - 1].astype(np.float64), -np.inf)
+            lp = z - z.max() - np.log(np.exp(z - z.max()).sum())
+            np.testing.assert_allclose(logp[b, t], lp[tok], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(ent[b, t], -(np.exp(lp[keep]) * lp[keep]).sum(),
+                                       rtol=1e-5, atol=1e-6)
+    assert outside > 0  # random tokens: some lie outside the set, and are kept
+    grad = jax.grad(lambda x: sum(jnp.sum(v) for v in token_logprobs_and_entropy(
+        x, jnp.asarray(tokens), **kw)))(jnp.asarray(logits))
+    assert np.isfinite(np.asarray(grad)).all()
+
+
 @pytest.mark.parametrize("mesh_kwargs", [dict(data=1, fsdp=2, tensor=4),
                                          dict(data=2, fsdp=4, tensor=1)])
 def test_train_step_on_8_devices_equals_1_device(reference, params, mesh_kwargs):
@@ -203,9 +236,9 @@ def test_learner_config_errors():
 TARGET, STOP, PROMPT_LEN, NEW = 7, 1, 6, 8
 
 
-def _rollout(sampler, learner, state, prompts, rng):
+def _rollout(sampler, learner, state, prompts, rng, **sampling):
     """Sample with the project's Sampler and build a learner batch (prompt left padded)."""
-    out = sampler.generate(state.policy_params, prompts, rng, max_new_tokens=NEW)
+    out = sampler.generate(state.policy_params, prompts, rng, max_new_tokens=NEW, **sampling)
     b = len(prompts)
     tokens = np.zeros((b, PROMPT_LEN + NEW), np.int32)
     attention = np.zeros_like(tokens)
@@ -252,6 +285,38 @@ def test_ppo_raises_token_reward(params):
         assert np.isfinite(float(metrics["loss"]))
     first, last = np.mean(rewards[:5]), np.mean(rewards[-5:])
     assert last > max(0.3, 5 * first), rewards
+
+
+@pytest.mark.parametrize("truncation", [dict(min_p=0.3), dict(top_k=6, top_p=0.8, min_p=0.05)],
+                         ids=["min_p", "all_three"])
+def test_truncated_sampling_and_learner_agree(params, truncation):
+    """Sampled with truncation at temperature 0.7, the learner configured alike recomputes the
+    sampler's behaviour log-probs (the single-pass step's gap metric is ~0), and a train step
+    on the batch is finite."""
+    cfg = LearnerConfig(actor_lr=1e-3, critic="none", advantage_estimator="rloo",
+                        temperature=0.7, **truncation)
+    learner = make_learner(TINY, cfg, shd.make_mesh(**ONE_DEVICE))
+    sampler = Sampler(TINY, stop_token_ids=[STOP], pad_id=0, prompt_buckets=(PROMPT_LEN,),
+                      batch_buckets=(16,), new_token_buckets=(NEW,), max_new_tokens=NEW)
+    state = learner.init_state(learner.shard_params(params), jax.random.PRNGKey(1))
+    rng = np.random.default_rng(3)
+    prompts = [list(rng.integers(2, 64, rng.integers(2, PROMPT_LEN + 1))) for _ in range(16)]
+    batch, recomputed = _rollout(sampler, learner, state, prompts, jax.random.PRNGKey(5),
+                                 temperature=0.7, **truncation)
+    m = batch["response_mask"] > 0
+    np.testing.assert_allclose(recomputed[m], batch["old_logprobs"][m], atol=1e-4)
+    # Without the truncation the learner's log-probs are those of another distribution.
+    plain = make_learner(TINY, dataclasses.replace(cfg, top_k=0, top_p=1.0, min_p=0.0),
+                         shd.make_mesh(**ONE_DEVICE))
+    untruncated = np.asarray(plain.compute_logprobs(state.policy_params, batch["tokens"],
+                                                    batch["attention_mask"]))
+    assert np.abs(untruncated[m] - batch["old_logprobs"][m]).max() > 1e-2
+    del batch["values_old"]
+    batch["fresh"] = np.ones(len(prompts), np.float32)
+    _, metrics = learner.train_step(state, batch)
+    metrics = jax.device_get(metrics)
+    assert float(metrics["behaviour_logp_gap_max"]) < 1e-4
+    assert all(np.isfinite(float(v)) for v in metrics.values())
 
 
 def test_compiled_ahead_the_step_compiles_nothing(params):
