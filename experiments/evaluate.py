@@ -61,8 +61,10 @@ def main(argv):
         workdir = Path(_HF_DIR.value)
         comps = build_components(config, workdir)
         params, out = comps.params, Path("eval_" + Path(_HF_DIR.value).name + ".json")
+    truncation = {k: config.sampling[k] for k in ("top_k", "top_p", "min_p")}  # as trained
     result = best_of_n(comps, params, _N.value, jax.random.PRNGKey(_SEED.value),
-                       config.sampling.temperature, config.run.slots, config.run.reuse_runs)
+                       config.sampling.temperature, config.run.slots, config.run.reuse_runs,
+                       truncation)
     save_eval(result, out)
     print(json.dumps({"written": str(out), **brief_eval(result)}, indent=1))
 
