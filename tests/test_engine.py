@@ -283,6 +283,8 @@ def test_service_versions_cancellation_and_errors(tied):
     assert engine.idle and dict(engine.num_traces) == traces  # stop() reset it: no retrace
     with pytest.raises(ValueError, match="top_p=0.9 differs from the engine's top_p=1.0"):
         EngineService(engine, get_params, None, jax.random.key(0), top_p=0.9)
+    with pytest.raises(ValueError, match="min_p=0.1 differs from the engine's min_p=0.0"):
+        EngineService(engine, get_params, None, jax.random.key(0), min_p=0.1)
 
 
 def test_bad_inputs(tied):
@@ -300,4 +302,6 @@ def test_bad_inputs(tied):
         Engine(config, [1], PAD, prompt_buckets=(16, 8))
     with pytest.raises(ValueError, match="steps_per_call=0 must be >= 1"):
         Engine(config, [1], PAD, steps_per_call=0)
+    with pytest.raises(ValueError, match=r"min_p=1.0 \(in \[0, 1\)\)"):
+        Engine(config, [1], PAD, min_p=1.0)
     assert engine.idle

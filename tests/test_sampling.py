@@ -283,6 +283,8 @@ def test_bad_inputs(models, sampler):
         sampler.generate(params, [[1]], key, max_new_tokens=33)
     with pytest.raises(ValueError, match=r"top_p=1.5 \(in \(0, 1\]\)"):
         sampler.generate(params, [[1]], key, top_p=1.5)
+    with pytest.raises(ValueError, match=r"min_p=-0.1 \(in \[0, 1\)\)"):
+        sampler.generate(params, [[1]], key, min_p=-0.1)
     with pytest.raises(ValueError, match="stop_token_ids is empty"):
         Sampler(config, [], PAD)
     with pytest.raises(ValueError, match="prompt_buckets must be strictly increasing"):
