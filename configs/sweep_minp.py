@@ -21,7 +21,7 @@ import ml_collections
 from configs.sweep_base import sweep_config
 
 VARIANTS = {
-    "min_p0.1": (("sampling.min_p", 0.1), ("learner.min_p", 0.1)),
+    "min_p_0p1": (("sampling.min_p", 0.1), ("learner.min_p", 0.1)),
 }
 
 
