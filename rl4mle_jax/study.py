@@ -115,9 +115,11 @@ def curve(run: Run, key: str, smooth: int = 1) -> tuple[np.ndarray, np.ndarray]:
 
 
 def trained_dt_curve(run: Run, window: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    """(minutes, mean duration_s of the trained episodes in a sliding window of `window`)."""
-    eps = [e for e in run.episodes if e.get("selected") and "duration_s" in e
-           and e.get("wall_s") is not None]
+    """(minutes, mean duration_s of the trained episodes in a sliding window of `window`), in
+    the order the episodes finished (the log's order is not: rows are written as episodes are
+    trained, and a batch holds episodes that finished out of order)."""
+    eps = sorted((e for e in run.episodes if e.get("selected") and "duration_s" in e
+                  and e.get("wall_s") is not None), key=lambda e: e["wall_s"])
     if not eps:
         return np.zeros(0), np.zeros(0)
     t = np.asarray([e["wall_s"] / 60 for e in eps])
@@ -131,7 +133,13 @@ def band(runs: list[Run], key: str, grid_points: int = 50, smooth: int = 1
     """(grid, mean, std) across seeds of a metric (each run's `curve(..., smooth)`), each run
     held at its last value (step function) on a common wall-clock grid up to the shortest
     run's end."""
-    curves = [curve(r, key, smooth) for r in runs]
+    return grid_band([curve(r, key, smooth) for r in runs], grid_points)
+
+
+def grid_band(curves: list[tuple[np.ndarray, np.ndarray]], grid_points: int = 50
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(grid, mean, std) of (t, value) curves, each held at its last value on a common grid
+    from the latest start to the earliest end (`band`'s rule for any curve)."""
     curves = [c for c in curves if len(c[0])]
     if not curves:
         return np.zeros(0), np.zeros(0), np.zeros(0)
@@ -165,15 +173,17 @@ def plot_bands(study: dict[str, list[Run]], key: str = "reward/mean", ax: Any = 
 
 
 def plot_trained_dt(study: dict[str, list[Run]], ax: Any = None) -> Any:
-    """Mean Δt (duration_s) of the trained episodes over time, per variant and seed."""
+    """Mean Δt (duration_s) of the trained episodes over time (`trained_dt_curve`), mean ± std
+    across seeds per variant (`grid_band`)."""
     import matplotlib.pyplot as plt
 
     ax = ax or plt.subplots(figsize=(7, 4))[1]
     for i, (variant, runs) in enumerate(study.items()):
-        for j, run in enumerate(runs):
-            t, dt = trained_dt_curve(run)
-            if len(t):
-                ax.plot(t, dt, color=f"C{i}", alpha=0.8, label=variant if j == 0 else None)
+        grid, mean, std = grid_band([trained_dt_curve(r) for r in runs])
+        if not len(grid):
+            continue
+        ax.plot(grid, mean, color=f"C{i}", label=f"{variant} (n={len(runs)})")
+        ax.fill_between(grid, mean - std, mean + std, color=f"C{i}", alpha=0.2)
     ax.set_xlabel("wall-clock (min)")
     ax.set_ylabel("mean duration_s of trained episodes (s)")
     ax.set_title("Δt of the trained episodes")

@@ -85,7 +85,7 @@ def test_evaluation_samples_the_shared_prompts(task, monkeypatch):
     ctx = _ctx(task)
     seen = []
 
-    def sample(comps, params, texts, rng, kind, temperature, max_new_tokens):
+    def sample(comps, params, texts, rng, kind, temperature, max_new_tokens, truncation=None):
         seen.append((kind, texts))
         return [best_of_n_lib.Candidate(kind, CODE + f"# {kind} {i}\n", None)
                 for i in range(len(texts))]

@@ -53,6 +53,14 @@ def test_trained_dt_and_first_valid_and_table(study_dir):
     np.testing.assert_allclose(dt, [1.5, 2.5, 3.5])
     np.testing.assert_allclose(t, [1.0, 1.5, 2.0])
     assert st.time_to_first_valid(run) == 60.0
+    # Rows logged out of finishing order are put back in it.
+    run.episodes[:] = run.episodes[::-1]
+    t, dt = st.trained_dt_curve(run, window=2)
+    np.testing.assert_allclose(dt, [1.5, 2.5, 3.5])
+    np.testing.assert_allclose(t, [1.0, 1.5, 2.0])
+    grid, mean, std = st.grid_band([(t, dt), (np.array([1.0, 1.8]), np.array([5.0, 7.0]))], 3)
+    np.testing.assert_allclose(grid, [1.0, 1.4, 1.8])
+    np.testing.assert_allclose(mean, [(1.5 + 5) / 2, (1.5 + 5) / 2, (2.5 + 7) / 2])
     table = st.ablation_table(st.load_study(study_dir))
     assert "| full | 2 | 0.85 ± 0.05 | 0.75 ± 0.05 | 0.75 ± 0.25 |" in table, table
     assert "| no_instrumentation | 1 | — |" in table
