@@ -28,6 +28,7 @@ from rl4mle_jax.best_of_n import best_of_n, save_eval  # noqa: E402
 from rl4mle_jax.components import build_components  # noqa: E402
 from rl4mle_jax.report import brief_eval  # noqa: E402
 from rl4mle_jax.rl.learner import make_learner  # noqa: E402
+from rl4mle_jax.sampling import truncation_settings  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A run's workdir (its latest checkpoint).")
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "Or: a Hugging Face directory to evaluate.")
@@ -61,10 +62,9 @@ def main(argv):
         workdir = Path(_HF_DIR.value)
         comps = build_components(config, workdir)
         params, out = comps.params, Path("eval_" + Path(_HF_DIR.value).name + ".json")
-    truncation = {k: config.sampling[k] for k in ("top_k", "top_p", "min_p")}  # as trained
     result = best_of_n(comps, params, _N.value, jax.random.PRNGKey(_SEED.value),
                        config.sampling.temperature, config.run.slots, config.run.reuse_runs,
-                       truncation)
+                       truncation_settings(config.sampling))  # sampled as in training
     save_eval(result, out)
     print(json.dumps({"written": str(out), **brief_eval(result)}, indent=1))
 

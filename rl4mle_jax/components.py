@@ -21,7 +21,7 @@ from rl4mle_jax.env.sandbox import Sandbox
 from rl4mle_jax.env.validate import validate_task
 from rl4mle_jax.models.tokenizer import load_tokenizer
 from rl4mle_jax.rollout.episode import EpisodeConfig
-from rl4mle_jax.sampling import Sampler
+from rl4mle_jax.sampling import Sampler, truncation_settings
 from rl4mle_jax.warmstart.config import WarmStartConfig
 
 log = logging.getLogger("rl4mle_jax.components")
@@ -98,11 +98,12 @@ def validate_config(config: Any) -> dict[str, Any]:
     need(abs(learner.temperature - samp.temperature) < 1e-9, "learner.temperature",
          f"{learner.temperature} must equal sampling.temperature={samp.temperature} "
          "(the learner recomputes log-probs at the sampling temperature)")
-    for name in ("top_k", "top_p", "min_p"):
-        need(getattr(learner, name) == getattr(samp, name), f"learner.{name}",
-             f"{getattr(learner, name)} must equal sampling.{name}={getattr(samp, name)} (the "
-             "learner truncates its logits as the sampler did, so that its log-probs are of "
-             "the distribution the tokens were drawn from)")
+    want = truncation_settings(samp)
+    for name, have in truncation_settings(learner).items():
+        need(have == want[name], f"learner.{name}",
+             f"{have} must equal sampling.{name}={want[name]} (the learner truncates its "
+             "logits as the sampler did, so that its log-probs are of the distribution the "
+             "tokens were drawn from)")
     need(max(samp.prompt_buckets) >= prompt.max_prompt_tokens,
          "sampling.prompt_buckets", f"largest bucket {max(samp.prompt_buckets)} is "
          f"below prompt.max_prompt_tokens={prompt.max_prompt_tokens}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,14 @@ from rl4mle_jax.models import forward, grow_cache, init_cache
 from rl4mle_jax.models.presets import Qwen2Config
 
 _NEG_INF = -jnp.inf
+# The truncation settings (`truncate_logits`), named alike in SamplingConfig, LearnerConfig,
+# `Sampler.generate`, `Engine` and the generation services.
+TRUNCATION = ("top_k", "top_p", "min_p")
+
+
+def truncation_settings(section: Any) -> dict[str, Any]:
+    """{top_k, top_p, min_p} of a config section (dataclass or ConfigDict) that has them."""
+    return {name: getattr(section, name) for name in TRUNCATION}
 
 
 @dataclasses.dataclass

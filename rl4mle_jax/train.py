@@ -68,6 +68,7 @@ from rl4mle_jax.rollout.pool import RolloutPool
 from rl4mle_jax.rollout.publish import WeightPublisher, param_shardings
 from rl4mle_jax.rollout.service import BusySpans, GenerationService
 from rl4mle_jax.rollout.task_mix import TaskMix, task_group_ids
+from rl4mle_jax.sampling import truncation_settings
 from rl4mle_jax.tracking import MetricLogger, plot_metrics
 from rl4mle_jax.warmstart.demo_runs import render_response
 
@@ -152,7 +153,7 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
     key = jax.random.PRNGKey(config.seed)
     n, temp, slots = config.run.eval_samples, config.sampling.temperature, config.run.slots
     # The evaluations sample the policy as the loop does: the same truncation.
-    truncation = {k: config.sampling[k] for k in ("top_k", "top_p", "min_p")}
+    truncation = truncation_settings(config.sampling)
     reuse = config.run.reuse_runs  # identical candidates share a run, as in the loop
 
     def evaluate(params: Any) -> dict[str, Any]:
@@ -326,15 +327,15 @@ class _Trainer:
         if samp.engine == "continuous":
             engine = Engine(c.model_config, c.tokenizer.stop_token_ids, c.tokenizer.pad_id,
                             num_slots=samp.engine_slots, prompt_buckets=tuple(samp.prompt_buckets),
-                            max_new_tokens=max_new, top_k=samp.top_k, top_p=samp.top_p,
-                            min_p=samp.min_p, steps_per_call=samp.engine_steps_per_call)
+                            max_new_tokens=max_new, steps_per_call=samp.engine_steps_per_call,
+                            **truncation_settings(samp))
             return EngineService(engine, get_params, self.sampler_lane, key,
                                  max_new_tokens=max_new, temperature=temperature,
                                  busy=self.sampler_busy)
         return GenerationService(
             c.sampler, get_params, self.sampler_lane, key, max_batch=samp.max_batch,
             max_wait_s=samp.max_wait_s, busy=self.sampler_busy, max_new_tokens=max_new,
-            temperature=temperature, top_p=samp.top_p, top_k=samp.top_k, min_p=samp.min_p)
+            temperature=temperature, **truncation_settings(samp))
 
     # --------------------------------------------------------------------- the loop
     async def run(self) -> dict[str, Any]:

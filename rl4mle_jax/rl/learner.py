@@ -53,7 +53,7 @@ from rl4mle_jax.rl.state import (
     make_schedule,
     opt_state_shardings,
 )
-from rl4mle_jax.sampling import truncate_logits
+from rl4mle_jax.sampling import truncate_logits, truncation_settings
 
 # How per-micro-batch metrics combine into one number (default: token-weighted mean).
 _SUMMED = ("loss", "pg_loss", "vf_loss", "actor_loss", "kl_loss", "entropy")  # already /full count
@@ -244,8 +244,7 @@ class Learner:
     @property
     def _truncation(self) -> dict[str, Any]:
         """The sampler's truncation, as `token_logprobs_and_entropy` takes it."""
-        c = self.config
-        return {"top_k": c.top_k, "top_p": c.top_p, "min_p": c.min_p}
+        return truncation_settings(self.config)
 
     def _chunked(self, fn, *arrays: jax.Array):
         """fn over rows in chunks of micro_batch_size (bounds the [B, T, V] logits)."""
