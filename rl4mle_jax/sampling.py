@@ -10,7 +10,8 @@ token.
 
 Shapes are bucketed (prompt length, batch size, max_new_tokens) so that a long run compiles
 each bucket once; temperature, top_p, min_p, the exact max_new_tokens and the stop ids are
-traced values and never cause a recompile. top_k (a shape), greedy and "top_p in use" are static.
+traced values and never cause a recompile. top_k (a shape), greedy and whether top-p and min-p
+are in use are static (a program without them does none of their work).
 
 The KV cache grows while the batch decodes (`cache_phases`): the decode loop runs in phases of
 `cache_phase_tokens`, 2x, 4x ... new tokens, each with a cache just long enough for its tokens,
@@ -71,7 +72,8 @@ def truncate_logits(x: jax.Array, top_k: int = 0, top_p: jax.Array | float = 1.0
     probability is below min_p times the most likely one's; min_p 0 keeps all, and since the
     ratio p / p_max does not change under renormalisation its place in the order does not
     matter). The truncation is a function of the logits alone, so the learner applies this
-    same function to its own logits (rl.learner.token_logprobs_and_entropy).
+    same function to its own logits (rl.learner.token_logprobs_and_entropy). min_p as the
+    Python number 0 adds no work (a traced min_p always computes its floor).
     """
     x = x.astype(jnp.float32)
     v = x.shape[-1]
@@ -90,9 +92,11 @@ def truncate_logits(x: jax.Array, top_k: int = 0, top_p: jax.Array | float = 1.0
         # Threshold = smallest kept log-prob; ties at the threshold are all kept (as in HF).
         threshold = jnp.min(jnp.where(keep, sorted_logp, jnp.inf), axis=-1, keepdims=True)
         x = jnp.where(logp < threshold, _NEG_INF, x)
-    # p_i >= min_p * p_max  <=>  x_i >= x_max + log(min_p); log(0) = -inf keeps every token.
-    floor = jnp.max(x, axis=-1, keepdims=True) + jnp.log(jnp.float32(min_p))
-    return jnp.where(x < floor, _NEG_INF, x)
+    if isinstance(min_p, jax.Array) or min_p > 0:
+        # p_i >= min_p * p_max  <=>  x_i >= x_max + log(min_p); log(0) = -inf keeps every token.
+        floor = jnp.max(x, axis=-1, keepdims=True) + jnp.log(jnp.float32(min_p))
+        x = jnp.where(x < floor, _NEG_INF, x)
+    return x
 
 
 def sampling_logprobs(logits_bv: jax.Array, temperature: jax.Array | float, top_k: int = 0,
@@ -158,11 +162,13 @@ class Sampler:
         self.cache_phase_tokens = int(cache_phase_tokens)
         self.num_traces = 0  # incremented each time the decode program is traced (= compiled)
         self._generate_jit = jax.jit(
-            self._generate_impl, static_argnames=("max_new_bucket", "greedy", "top_k", "use_top_p"))
+            self._generate_impl,
+            static_argnames=("max_new_bucket", "greedy", "top_k", "use_top_p", "use_min_p"))
 
     # ------------------------------------------------------------------ traced program
     def _generate_impl(self, params, tokens_bp, mask_bp, done_b, rng, temperature, top_p,
-                       min_p, max_new, stop_ids, *, max_new_bucket, greedy, top_k, use_top_p):
+                       min_p, max_new, stop_ids, *, max_new_bucket, greedy, top_k, use_top_p,
+                       use_min_p):
         self.num_traces += 1  # Python side effect: runs only while tracing
         cfg = self.config
         b, p = tokens_bp.shape
@@ -184,7 +190,7 @@ class Sampler:
                 logp_bv = jax.nn.log_softmax(logits_bv.astype(jnp.float32), axis=-1)
             else:
                 logp_bv = sampling_logprobs(logits_bv, temperature, top_k, top_p, use_top_p,
-                                            min_p)
+                                            min_p if use_min_p else 0.0)
                 tok = jax.random.categorical(key, logp_bv, axis=-1).astype(jnp.int32)
             return tok, jnp.take_along_axis(logp_bv, tok[:, None], axis=-1)[:, 0]
 
@@ -297,7 +303,8 @@ class Sampler:
             max_new_bucket=_bucket(max_new, self.new_token_buckets, "max_new_tokens"),
             greedy=bool(greedy),
             top_k=0 if greedy else int(top_k),
-            use_top_p=bool(not greedy and top_p < 1.0))
+            use_top_p=bool(not greedy and top_p < 1.0),
+            use_min_p=bool(not greedy and min_p > 0.0))
         return stops, max_new, static, 1.0 if greedy else temperature
 
     def _generate_chunk(self, params, prompts, rng, max_new, temperature, truncation, stops,
