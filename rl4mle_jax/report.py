@@ -132,6 +132,13 @@ def learning_lines(workdir: Path, refs: dict[str, Any], direction: str) -> list[
             f"{_fmt(k['train_last'])}) | "
             f"{_fmt(k['eval_initial'])} | {_fmt(k['eval_final'])} | "
             f"{fv(_diff(k['eval_final'], k['eval_initial']), 3, True)} | — |")
+    pc = study.parent_cut(run)
+    if pc and pc["cut"]:
+        lines += ["", f"Improve prompts that left out lines of their parent program to fit "
+                  f"`prompt.max_prompt_tokens`: {pc['cut']} of {pc['n']} trained improve "
+                  f"episodes (valid rate {_fmt(pc['valid_cut'])} with the parent cut, "
+                  f"{_fmt(pc['valid_whole'])} with it whole); the policy rewrites lines it "
+                  f"cannot see."]
     lines += [
         "",
         "Final pick on the test split against the reference scores: "

@@ -292,6 +292,25 @@ def valid_by_kind(run: Run) -> dict[str, dict[str, float | None]]:
             for kind in PROMPT_KINDS}
 
 
+def parent_cut(run: Run) -> dict[str, float | int | None] | None:
+    """Trained improve episodes whose prompt left out lines of the parent program to fit the
+    prompt budget (`parent_lines_omitted`): how many, and the valid rate with the parent cut and
+    whole. None for logs without the field (before it was recorded) or without improve rows."""
+    rows = [e for e in run.episodes if e.get("kind") == "improve" and e.get("record")
+            and not e.get("cancelled") and e.get("selected", True)
+            and e.get("parent_lines_omitted") is not None]
+    if not rows:
+        return None
+
+    def valid(part: list[dict[str, Any]]) -> float | None:
+        return (sum(e["record"].get("status") == "valid" for e in part) / len(part)
+                if part else None)
+    cut = [e for e in rows if e["parent_lines_omitted"] > 0]
+    whole = [e for e in rows if e["parent_lines_omitted"] == 0]
+    return {"n": len(rows), "cut": len(cut), "valid_cut": valid(cut),
+            "valid_whole": valid(whole)}
+
+
 def kind_table(study: dict[str, list[Run]]) -> str:
     """Markdown: per run, each prompt kind's valid rate, best-of-N before -> after and trained
     episodes first -> last quarter (`valid_by_kind`)."""

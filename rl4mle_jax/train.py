@@ -822,6 +822,9 @@ class _Trainer:
             "episodes/in_flight": float(pool.in_flight),
             "buffer/size": float(sum(len(b) for b in self.buffers.values())),
         }
+        cut = [bool(e.parent_lines_omitted) for e in batch if e.kind == "improve"]
+        if cut:  # improve prompts that left out lines of their parent to fit the budget
+            out["episodes/improve_parent_cut_rate"] = float(np.mean(cut))
         if self.loop.best_score is not None:
             out["score/best"] = float(self.loop.best_score)
         for m in MILESTONES:

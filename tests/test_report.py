@@ -39,6 +39,7 @@ def test_report_learning_section_and_references(tmp_path, refs):
         in text, text
     assert "| best-of-32 valid rate (same draws) | 0.5000 | 0.8750 | +0.375 |" in text
     assert "## Arrival bias" in text and "No episode finished." in text  # no experience log
+    assert "left out lines of their parent" not in text  # no improve episode logged
     assert "| 0.4000 | 0.3000 | +0.1000 |" in text  # lower is better: the pick improved
     if refs:
         assert "+0.1200 over baseline (0.4200), -0.0500 over strong (0.2500)" in text
@@ -65,6 +66,7 @@ def test_report_arrival_bias_table(tmp_path):
     config = SimpleNamespace(run=SimpleNamespace(eval_samples=32))
     text = write_report(wd, config, comps, ini, fin, {}, None).read_text()
     assert "![arrival bias](plots/arrival_bias.png)" in text
+    assert "left out lines of their parent" not in text  # no improve episode
     assert (wd / "plots" / "arrival_bias.png").stat().st_size > 0
     assert ("17 episodes started: 14 trained, 2 dropped (stale or failed), 1 still running at "
             "the end") in text, text
@@ -74,3 +76,19 @@ def test_report_arrival_bias_table(tmp_path):
     assert (f"| 2.83-5.66 | 4 | 8 | 6 | 2 | 1 | 0.7500 | {(6 + 2 * q_bar) / 10:.4f} |"
             in text), text
     assert "| 1.41-2.83 | — | 0 | 0 | 0 | 0 | — |" in text  # an empty bucket between them
+
+
+def test_report_says_how_many_improve_prompts_cut_their_parent(tmp_path):
+    wd, ini, fin = _workdir(tmp_path, "higher")
+    eps = [{"episode_id": i, "kind": "improve", "selected": True, "started_at": float(i),
+            "finished_at": i + 1.0, "duration_s": 0.5, "parent_lines_omitted": n,
+            "record": {"status": "valid" if v else "failure"}}
+           for i, (n, v) in enumerate([(10, False), (10, True), (0, True), (0, True)])]
+    (wd / "experience.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
+    task = SimpleNamespace(id="t", metric="auc", direction="higher", reference_scores={})
+    comps = SimpleNamespace(task=task, source={"warmstart": "ws"})
+    config = SimpleNamespace(run=SimpleNamespace(eval_samples=32))
+    text = write_report(wd, config, comps, ini, fin, {}, None).read_text()
+    assert ("Improve prompts that left out lines of their parent program to fit "
+            "`prompt.max_prompt_tokens`: 2 of 4 trained improve episodes (valid rate 0.5000 "
+            "with the parent cut, 1.0000 with it whole)") in text, text

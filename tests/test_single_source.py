@@ -68,6 +68,8 @@ def test_episode_renders_the_shared_solve_and_improve_prompts(task):
     parent = {"code": CODE, "record": _record()}
     got = runner.render_prompt({"parent": parent})
     assert got == prompts.improve_prompt(ctx, CODE, _record(), **kw).text
+    assert runner.prompt_for({"parent": parent}).trimmed == \
+        prompts.improve_prompt(ctx, CODE, _record(), **kw).trimmed
     assert got == prompts.build_prompt(ctx, earlier_code=CODE, cfg=CFG, count_tokens=_count,
                                        outcome=prompts.format_outcome(_record())).text
 

@@ -113,6 +113,20 @@ def test_valid_rate_by_prompt_kind(tmp_path):
     assert "| v | 0 | 0.88 → 0.75 | 0.00 → 1.00 | — → 0.81 | 0.00 → 1.00 |" in table, table
 
 
+def test_parent_cut_counts_trained_improve_episodes_by_whether_the_parent_was_cut(tmp_path):
+    rec = lambda v: {"status": "valid" if v else "failure"}  # noqa: E731
+    eps = [{"kind": "improve", "selected": True, "parent_lines_omitted": n, "record": rec(v)}
+           for n, v in [(0, True), (0, True), (10, False), (4, True), (7, False)]]
+    eps += [{"kind": "improve", "selected": False, "parent_lines_omitted": 3, "record": rec(0)},
+            {"kind": "solve", "selected": True, "parent_lines_omitted": None, "record": rec(1)}]
+    wd = tmp_path / "v" / "seed0"
+    _write_run(wd, [-1.0], [60.0], eps)
+    run = st.load_study(tmp_path)["v"][0]
+    assert st.parent_cut(run) == {"n": 5, "cut": 3, "valid_cut": 1 / 3, "valid_whole": 1.0}
+    run.episodes = [{k: v for k, v in e.items() if k != "parent_lines_omitted"} for e in eps]
+    assert st.parent_cut(run) is None  # a log from before the field
+
+
 def test_learning_check_without_evaluations_or_steps(study_dir):
     c = st.learning_check(st.load_study(study_dir)["no_instrumentation"][0])
     assert c["steps"] == 1 and c["reward_gain"] == 0.0

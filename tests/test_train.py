@@ -213,6 +213,32 @@ def test_the_loop_runs_on_the_continuous_engine(warm_cache, tmp_path):
     assert inst.get("instrument/lm_accepted", 0) + inst.get("instrument/lm_rejected", 0) > 0
 
 
+def test_rollout_metrics_give_the_share_of_improve_prompts_that_cut_their_parent():
+    import types
+
+    from rl4mle_jax import train
+    from rl4mle_jax.rollout.episode import Experience
+
+    loop = types.SimpleNamespace(version=1, best_score=None, episodes_dropped=0,
+                                 episodes_started=4, episodes_trained=4, episodes_failed=0,
+                                 episodes_over_staleness=0)
+    trainer = types.SimpleNamespace(loop=loop, buffers={})
+    pool = types.SimpleNamespace(in_flight=0, stats=lambda: types.SimpleNamespace(
+        utilisation=1.0, sync_utilisation=1.0, admission_idle_frac=0.0))
+    inst = types.SimpleNamespace(metrics=lambda: {})
+
+    def batch(rows):
+        return [Experience(i, k, [1], [2], [0.0], 0, 0.5, {"status": "valid"}, "", None, True,
+                           1.0, 1.0, 1.0, {}, parent_lines_omitted=n)
+                for i, (k, n) in enumerate(rows)]
+    out = train._Trainer._rollout_metrics(
+        trainer, batch([("solve", None), ("improve", 0), ("improve", 10), ("improve", 3)]),
+        pool, inst)
+    assert out["episodes/improve_parent_cut_rate"] == pytest.approx(2 / 3)
+    out = train._Trainer._rollout_metrics(trainer, batch([("solve", None)]), pool, inst)
+    assert "episodes/improve_parent_cut_rate" not in out  # no improve prompt in the batch
+
+
 @pytest.mark.parametrize("multi", [False, True])
 def test_rank_bonus_reaches_the_learner_batch_only(multi):
     """run.rank_bonus changes the rewards the learner trains on (valid rows, per task), not the

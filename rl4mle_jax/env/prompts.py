@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rl4mle_jax.env.instrument import strip_markers
-from rl4mle_jax.env.trim import approx_token_count, trim_code
+from rl4mle_jax.env.trim import approx_token_count, lines_omitted, trim_code
 
 QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 # import name -> distribution name (shown to the model)
@@ -71,7 +71,9 @@ class Prompt:
     text: str  # rendered prompt
     messages: list[dict]
     n_tokens: int
-    trimmed: dict = field(default_factory=dict)  # which parts were cut, and to how many tokens
+    # Which parts were cut, and to how many tokens; an improve prompt's also says how many of
+    # the earlier program's lines it leaves out ("code_lines_omitted"; 0: shown whole).
+    trimmed: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- probes
@@ -384,8 +386,11 @@ def build_prompt(ctx: TaskContext, *, earlier_code: str | None = None,
         text, msgs = make(desc, code)
         n = count_tokens(text)
         if n <= budget:
-            return Prompt(text, msgs, n, {"description_tokens": desc_room,
-                                          "code_tokens": code_room if code is not None else None})
+            trimmed = {"description_tokens": desc_room,
+                       "code_tokens": code_room if code is not None else None}
+            if code is not None:
+                trimmed["code_lines_omitted"] = lines_omitted(earlier_code, code)
+            return Prompt(text, msgs, n, trimmed)
         over = n - budget  # joins add a few tokens: take them from both parts
         desc_room -= over // 2 + 1
         code_room -= over - over // 2 + 1

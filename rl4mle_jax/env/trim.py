@@ -11,9 +11,13 @@ same way. Code that does not parse is trimmed by lines (head and tail).
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+# The line a run of dropped lines becomes (`...  # [N lines omitted]`, or `# [N lines omitted]`
+# when the code does not parse).
+_OMITTED = re.compile(r"^[ \t]*(?:\.\.\.  )?# \[(\d+) lines omitted\]$", re.M)
 _BODY_LAST = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.With, ast.AsyncWith)
 
 
@@ -149,3 +153,11 @@ def trim_code(code: str, max_tokens: int, count_tokens: Callable[[str], int] = a
             return text
         budget -= max(over, 1)
     return _trim_lines(code, max_tokens, count_tokens)
+
+
+def lines_omitted(original: str, trimmed: str) -> int:
+    """How many of `original`'s lines `trim_code` left out of `trimmed` (0: shown whole)."""
+    if trimmed == original:
+        return 0
+    return (sum(int(n) for n in _OMITTED.findall(trimmed))
+            - sum(int(n) for n in _OMITTED.findall(original)))

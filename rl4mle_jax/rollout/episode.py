@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import random
 import time
 from typing import Any
@@ -22,6 +23,8 @@ from rl4mle_jax.rollout.buffer import SolutionBuffer
 from rl4mle_jax.rollout.credit import error_token_span
 from rl4mle_jax.rollout.run_cache import RunCache
 from rl4mle_jax.rollout.service import GenerationService
+
+log = logging.getLogger("rl4mle_jax.episode")
 
 
 @dataclasses.dataclass
@@ -50,6 +53,9 @@ class Experience:
     # [start, end) of the response tokens a syntax error's line holds (rollout/credit.py);
     # None: the outcome belongs to the whole response
     credit_span: tuple[int, int] | None = None
+    # Improve prompts: how many of the parent's lines the prompt left out to fit its budget
+    # (0: shown whole; None: a solve prompt)
+    parent_lines_omitted: int | None = None
 
     def log_record(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """The experience-log line (token ids left out; the code and every reward part kept)."""
@@ -85,6 +91,7 @@ class EpisodeRunner:
         self.rng = rng or random.Random(0)
         self.chat_template = tokenizer.apply_chat_template if tokenizer.is_chat else None
         self.run_cache = RunCache(cfg.reuse_runs)
+        self._warned_parent_cut = False
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
@@ -97,20 +104,34 @@ class EpisodeRunner:
         return {"episode_id": episode_id, "kind": "improve" if parent else "solve",
                 "parent": parent}
 
-    def render_prompt(self, request: dict[str, Any]) -> str:
+    def prompt_for(self, request: dict[str, Any]) -> prompts_lib.Prompt:
         """The solve prompt, or the improve prompt on the parent's code and reward record."""
         parent = request.get("parent")
         kw = dict(cfg=self.prompt_cfg, chat_template=self.chat_template,
                   count_tokens=self.count_tokens)
         if parent:
-            return prompts_lib.improve_prompt(self.context, parent["code"], parent["record"],
-                                              **kw).text
-        return prompts_lib.solve_prompt(self.context, **kw).text
+            prompt = prompts_lib.improve_prompt(self.context, parent["code"], parent["record"],
+                                                **kw)
+            omitted = prompt.trimmed.get("code_lines_omitted", 0)
+            if omitted and not self._warned_parent_cut:
+                self._warned_parent_cut = True
+                log.warning(
+                    "improve prompt: %d of the earlier program's %d lines are left out to fit "
+                    "prompt.max_prompt_tokens=%d, so the policy must rewrite lines it cannot "
+                    "see; raise the budget if this is common (metric "
+                    "episodes/improve_parent_cut_rate, experience field parent_lines_omitted)",
+                    omitted, len(parent["code"].splitlines()), self.prompt_cfg.max_prompt_tokens)
+            return prompt
+        return prompts_lib.solve_prompt(self.context, **kw)
+
+    def render_prompt(self, request: dict[str, Any]) -> str:
+        return self.prompt_for(request).text
 
     async def __call__(self, request: dict[str, Any]) -> Experience:
         started = time.time()
         timings: dict[str, float] = {}
-        prompt_ids = self.tokenizer.encode(self.render_prompt(request))
+        prompt = self.prompt_for(request)
+        prompt_ids = self.tokenizer.encode(prompt.text)
 
         t = time.perf_counter()
         gen = await self.policy.generate(prompt_ids)
@@ -138,7 +159,9 @@ class EpisodeRunner:
             started_at=started, finished_at=time.time(), duration_s=duration_s,
             timings=timings,
             parent_episode=parent.get("episode_id") if parent else None, reused_run=reused,
-            task=request.get("task", ""), credit_span=span)
+            task=request.get("task", ""), credit_span=span,
+            parent_lines_omitted=(prompt.trimmed.get("code_lines_omitted", 0) if parent
+                                  else None))
 
     def _decode(self, ids: list[int]) -> str:
         """A response's text: the one decoding every step of the episode reads (and

@@ -18,7 +18,7 @@ from rl4mle_jax.env.prompts import (
     probe_libraries,
 )
 from rl4mle_jax.env.reward import RewardRecord
-from rl4mle_jax.env.trim import approx_token_count, trim_code
+from rl4mle_jax.env.trim import approx_token_count, lines_omitted, trim_code
 
 # Qwen2.5-Instruct's ChatML template (tools branch left out): default system prompt when the
 # messages carry none, `<|im_start|>role\ncontent<|im_end|>\n` turns, assistant generation prompt.
@@ -95,6 +95,43 @@ def test_improve_prompt_is_trimmed_within_budget_keeping_valid_python(tokenizer,
     assert code.startswith("import numpy as np\nimport pandas as pd\n")  # imports kept
     assert "main()" in code and "lines omitted]" in code  # the end kept, the middle marked
     assert "Outcome: No error detected, you achieved a score of 0.5." in p.text
+
+
+def test_improve_prompt_counts_the_parent_lines_it_leaves_out(tokenizer):
+    """trimmed["code_lines_omitted"]: how many of the parent's lines the policy cannot see."""
+    count = lambda s: len(tokenizer.encode(s))
+    kw = dict(outcome="No error detected.", chat_template=tokenizer.apply_chat_template,
+              count_tokens=count)
+    whole = build_prompt(_ctx(), earlier_code="import numpy as np\nx = 1\n", **kw)
+    assert whole.trimmed == {}  # fits: nothing cut
+    cut = build_prompt(_ctx(), earlier_code=LONG_CODE, cfg=PromptConfig(max_prompt_tokens=800),
+                       **kw)
+    code = cut.text.split("```python\n")[-1].split("\n```")[0] + "\n"
+    shown = [line for line in code.splitlines() if "lines omitted]" not in line]
+    n = cut.trimmed["code_lines_omitted"]
+    assert n > 0 and n == len(LONG_CODE.splitlines()) - len(shown)
+    # only the description cut: the parent is whole
+    long_desc = build_prompt(_ctx("A long description. " * 300), earlier_code="x = 1\n",
+                             cfg=PromptConfig(max_prompt_tokens=800), **kw)
+    assert "description cut" in long_desc.text
+    assert long_desc.trimmed["code_lines_omitted"] == 0
+
+
+def test_lines_omitted_counts_the_markers_trim_code_adds():
+    for budget in (30, 80, 200, 400):
+        out = trim_code(LONG_CODE, budget)
+        shown = [line for line in out.splitlines() if "lines omitted]" not in line]
+        assert lines_omitted(LONG_CODE, out) == len(LONG_CODE.splitlines()) - len(shown)
+    assert lines_omitted(LONG_CODE, LONG_CODE) == 0
+    # a marker the program itself holds is not counted; unparsable code has its own marker
+    own = "x = 1\n# [3 lines omitted]\n" + LONG_CODE
+    out = trim_code(own, 200)
+    markers = [line for line in out.splitlines() if "lines omitted]" in line]
+    assert "# [3 lines omitted]" in markers and len(markers) == 3  # its own + two runs
+    assert lines_omitted(own, out) == len(own.splitlines()) - (len(out.splitlines()) - 2)
+    broken = "".join(f"line {i} (\n" for i in range(100))
+    cut = trim_code(broken, 60)
+    assert lines_omitted(broken, cut) == 100 - (len(cut.splitlines()) - 1)
 
 
 def test_budget_errors_name_the_setting():

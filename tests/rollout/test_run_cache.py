@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from rl4mle_jax.env.prompts import Prompt
 from rl4mle_jax.rollout.episode import EpisodeConfig, EpisodeRunner
 from rl4mle_jax.rollout.run_cache import RunCache
 from rl4mle_jax.rollout.service import Generation
@@ -124,7 +125,7 @@ def test_episodes_of_the_same_code_share_the_run(monkeypatch):
     runner = EpisodeRunner(task=None, tokenizer=_Tok(), policy=_Policy(responses), sandbox=None,
                            instrumenter=None, buffer=[], context=None,
                            cfg=EpisodeConfig(reuse_runs=4), reward_cfg=None, prompt_cfg=None)
-    monkeypatch.setattr(runner, "render_prompt", lambda request: "solve")
+    monkeypatch.setattr(runner, "prompt_for", lambda request: Prompt("solve", [], 1))
     ran = []
 
     class _Rec:
@@ -147,3 +148,33 @@ def test_episodes_of_the_same_code_share_the_run(monkeypatch):
     assert [e.reused_run for e in exps] == [False, True, False]
     assert exps[1].duration_s == 1.5 and exps[1].record == exps[0].record
     assert exps[1].plan == "Plan 1." and "reused_run" in exps[1].log_record()
+
+
+def test_an_improve_episode_records_the_parent_lines_its_prompt_left_out(monkeypatch):
+    runner = EpisodeRunner(task=None, tokenizer=_Tok(), policy=_Policy(["P.\n```\nx\n```"] * 3),
+                           sandbox=None, instrumenter=None, buffer=[], context=None,
+                           cfg=EpisodeConfig(), reward_cfg=None, prompt_cfg=None)
+    omitted = {"whole": 0, "cut": 7}
+    monkeypatch.setattr(runner, "prompt_for", lambda request: Prompt(
+        "p", [], 1, {"code_lines_omitted": omitted[request["parent"]["code"]]}
+        if request["parent"] else {}))
+
+    class _Rec:
+        reward = 0.5
+
+        def to_dict(self):
+            return {"reward": 0.5}
+
+    async def fake_run(action):
+        return _Rec(), 1.0, {}
+    monkeypatch.setattr(runner, "_run", fake_run)
+    requests = [{"episode_id": i, "kind": k, "parent": p} for i, (k, p) in enumerate(
+        [("solve", None), ("improve", {"code": "whole", "episode_id": 0}),
+         ("improve", {"code": "cut", "episode_id": 0})])]
+
+    async def main():
+        return [await runner(r) for r in requests]
+    exps = asyncio.run(main())
+    assert [e.parent_lines_omitted for e in exps] == [None, 0, 7]
+    assert exps[2].log_record()["parent_lines_omitted"] == 7
+
