@@ -91,7 +91,7 @@ class EpisodeRunner:
         self.rng = rng or random.Random(0)
         self.chat_template = tokenizer.apply_chat_template if tokenizer.is_chat else None
         self.run_cache = RunCache(cfg.reuse_runs)
-        self._warned_parent_cut = False
+        self._told_parent_cut = False
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
@@ -113,13 +113,15 @@ class EpisodeRunner:
             prompt = prompts_lib.improve_prompt(self.context, parent["code"], parent["record"],
                                                 **kw)
             omitted = prompt.trimmed.get("code_lines_omitted", 0)
-            if omitted and not self._warned_parent_cut:
-                self._warned_parent_cut = True
-                log.warning(
+            if omitted and not self._told_parent_cut:
+                # Said once, not warned: for the tiny default the cut is no harm (README,
+                # "Learner": the whole parent at 768 tokens learned less, docs/sweep_prompt).
+                self._told_parent_cut = True
+                log.info(
                     "improve prompt: %d of the earlier program's %d lines are left out to fit "
-                    "prompt.max_prompt_tokens=%d, so the policy must rewrite lines it cannot "
-                    "see; raise the budget if this is common (metric "
-                    "episodes/improve_parent_cut_rate, experience field parent_lines_omitted)",
+                    "prompt.max_prompt_tokens=%d; the policy writes them without seeing them "
+                    "(metric episodes/improve_parent_cut_rate, experience field "
+                    "parent_lines_omitted)",
                     omitted, len(parent["code"].splitlines()), self.prompt_cfg.max_prompt_tokens)
             return prompt
         return prompts_lib.solve_prompt(self.context, **kw)
