@@ -9,7 +9,10 @@ Three ways to advance every slot by `--tokens` tokens, timed in one run on the s
   async       the same jitted `generate` called back to back, nothing read until the end:
               dispatch overlaps device work, so this is the call's dispatch-or-device time;
   engine, k per call   `Engine(steps_per_call=k).step`: k generate steps in one jitted
-              `lax.scan`, the host reading their tokens once per call.
+              `lax.scan`, the host reading their tokens once per call;
+  matmuls only   the step's weight matmuls alone (every projection of every layer, then the
+              LM head, on `slots` rows; no attention, norms, cache or sampling): the floor any
+              decode step of this model pays here, whatever its runtime.
 Each row gives ms per token step and its ratio to `engine`. Random weights, every slot busy
 (requests long enough that none finishes), temperature-1 sampling.
 """
@@ -35,6 +38,29 @@ def fill(engine: Engine, params, prompt: int, slots: int) -> None:
                       jax.random.key(i))
     engine.step(params)  # inserts (prefills) every request; untimed
     jax.block_until_ready(engine._state)
+
+
+def matmul_chain(params):
+    """A jitted function of x [slots, hidden]: the data flow of a decode step's weight matmuls
+    (q, k, v from x; o from q, standing in for attention; gate, up, down), every layer, then the
+    LM head (tied or not)."""
+    layers = sorted((k for k in params if k.startswith("layers_")), key=lambda k: int(k[7:]))
+    head = params["lm_head"]["kernel"] if "lm_head" in params else \
+        params["embed_tokens"]["embedding"].T
+
+    @jax.jit
+    def run(params, x):
+        for name in layers:
+            attn, mlp = params[name]["self_attn"], params[name]["mlp"]
+            mat = lambda k: k.reshape(k.shape[0], -1)  # noqa: E731  [H, heads, d] -> [H, heads*d]
+            q, k, v = (x @ mat(attn[p]["kernel"]) for p in ("q_proj", "k_proj", "v_proj"))
+            a = q + k.sum(-1, keepdims=True) + v.sum(-1, keepdims=True)  # keeps k, v live
+            o = attn["o_proj"]["kernel"]
+            x = x + a @ o.reshape(-1, o.shape[-1])
+            h = jax.nn.silu(x @ mlp["gate_proj"]["kernel"]) * (x @ mlp["up_proj"]["kernel"])
+            x = x + h @ mlp["down_proj"]["kernel"]
+        return x @ head
+    return run
 
 
 def main():
@@ -95,6 +121,14 @@ def main():
             for _ in range(n // k - 1):
                 multi.step(params)
             rows.append((f"engine, {k} per call", (time.perf_counter() - t) / (n - k)))
+        chain = matmul_chain(params)
+        x = jax.numpy.ones((slots, config.hidden_size), params["embed_tokens"]["embedding"].dtype)
+        jax.block_until_ready(chain(params, x))
+        t = time.perf_counter()
+        for _ in range(n):
+            out = chain(params, x)
+        jax.block_until_ready(out)
+        rows.append(("matmuls only", (time.perf_counter() - t) / n))
         base = rows[0][1]
         for how, s in rows:
             print(f"| {slots} | {how} | {s * 1e3:.3f} | {base / s:.2f}x |", flush=True)
