@@ -30,14 +30,23 @@ SHAPES = {"0.5b": "qwen2.5-0.5b", "tiny": "tiny"}
 
 
 def measure_bandwidth_gbs(n_bytes: int = 1 << 29, repeats: int = 5) -> float:
-    """Memory read bandwidth (GB/s): best of N float32 sums streaming a 512 MiB array once,
-    on one thread and split over all cores (numpy releases the GIL in reductions)."""
+    """Memory read bandwidth (GB/s): the fastest of several ways to stream a 512 MiB float32
+    array once — numpy sums on one thread and split over all cores (numpy releases the GIL in
+    reductions), and XLA's [1, k] x [k, n] product, the shape of a batch-1 decode's matmuls.
+    Each reads the array once and does ~1 FLOP per 4 bytes, so the fastest is the least
+    compute-bound; a reduction alone can read 24-34 GB/s on this 2-core machine while the XLA
+    product reaches ~36, and a bound taken from the slower one overstates what a decode reaches."""
     a = np.ones(n_bytes // 4, np.float32)
     parts = np.array_split(a, os.cpu_count() or 1)
+    mat = jax.device_put(a.reshape(1024, -1))
+    row = jax.numpy.ones((1, 1024), np.float32)
+    vecmat = jax.jit(lambda r, m: r @ m)
+    jax.block_until_ready(vecmat(row, mat))
     best = np.inf
     with ThreadPoolExecutor(len(parts)) as pool:
         for _ in range(repeats):
-            for fn in (a.sum, lambda: list(pool.map(np.sum, parts))):
+            for fn in (a.sum, lambda: list(pool.map(np.sum, parts)),
+                       lambda: jax.block_until_ready(vecmat(row, mat))):
                 t = time.perf_counter()
                 fn()
                 best = min(best, time.perf_counter() - t)
