@@ -269,17 +269,27 @@ def learning_check(run: Run) -> dict[str, Any]:
 PROMPT_KINDS = ("solve", "improve")
 
 
+def trained_episodes(run: Run) -> list[dict[str, Any]]:
+    """The episodes the learner trained on, with their reward records, in the log's order."""
+    return [e for e in run.episodes if e.get("record") and not e.get("cancelled")
+            and e.get("selected", True)]
+
+
+def valid_share(episodes: list[dict[str, Any]]) -> float | None:
+    """Share of `episodes` whose record is valid (None for none)."""
+    ok = [e["record"].get("status") == "valid" for e in episodes]
+    return sum(ok) / len(ok) if ok else None
+
+
 def valid_by_kind(run: Run) -> dict[str, dict[str, float | None]]:
     """Where the valid rate moved, per prompt kind: best-of-N before vs after (`eval_initial`,
     `eval_final`) and the trained episodes of the first vs last quarter, in the order they were
     logged (`train_first`, `train_last`). None where a kind has no sample."""
-    trained = [e for e in run.episodes if e.get("record") and not e.get("cancelled")
-               and e.get("selected", True)]
+    trained = trained_episodes(run)
     q = max(1, len(trained) // 4)
 
     def rate(episodes: list[dict[str, Any]], kind: str) -> float | None:
-        ok = [(e["record"].get("status") == "valid") for e in episodes if e.get("kind") == kind]
-        return sum(ok) / len(ok) if ok else None
+        return valid_share([e for e in episodes if e.get("kind") == kind])
 
     def eval_rate(ev: dict[str, Any] | None, kind: str) -> float | None:
         k = ((ev or {}).get("by_kind") or {}).get(kind) or {}
@@ -296,19 +306,14 @@ def parent_cut(run: Run) -> dict[str, float | int | None] | None:
     """Trained improve episodes whose prompt left out lines of the parent program to fit the
     prompt budget (`parent_lines_omitted`): how many, and the valid rate with the parent cut and
     whole. None for logs without the field (before it was recorded) or without improve rows."""
-    rows = [e for e in run.episodes if e.get("kind") == "improve" and e.get("record")
-            and not e.get("cancelled") and e.get("selected", True)
-            and e.get("parent_lines_omitted") is not None]
+    rows = [e for e in trained_episodes(run)
+            if e.get("kind") == "improve" and e.get("parent_lines_omitted") is not None]
     if not rows:
         return None
-
-    def valid(part: list[dict[str, Any]]) -> float | None:
-        return (sum(e["record"].get("status") == "valid" for e in part) / len(part)
-                if part else None)
     cut = [e for e in rows if e["parent_lines_omitted"] > 0]
     whole = [e for e in rows if e["parent_lines_omitted"] == 0]
-    return {"n": len(rows), "cut": len(cut), "valid_cut": valid(cut),
-            "valid_whole": valid(whole)}
+    return {"n": len(rows), "cut": len(cut), "valid_cut": valid_share(cut),
+            "valid_whole": valid_share(whole)}
 
 
 def kind_table(study: dict[str, list[Run]]) -> str:

@@ -48,11 +48,13 @@ def matmul_chain(params):
     head = params["lm_head"]["kernel"] if "lm_head" in params else \
         params["embed_tokens"]["embedding"].T
 
+    def mat(k):  # [H, heads, d] -> [H, heads * d]
+        return k.reshape(k.shape[0], -1)
+
     @jax.jit
     def run(params, x):
         for name in layers:
             attn, mlp = params[name]["self_attn"], params[name]["mlp"]
-            mat = lambda k: k.reshape(k.shape[0], -1)  # noqa: E731  [H, heads, d] -> [H, heads*d]
             q, k, v = (x @ mat(attn[p]["kernel"]) for p in ("q_proj", "k_proj", "v_proj"))
             a = q + k.sum(-1, keepdims=True) + v.sum(-1, keepdims=True)  # keeps k, v live
             o = attn["o_proj"]["kernel"]

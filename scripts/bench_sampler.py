@@ -35,7 +35,8 @@ def measure_bandwidth_gbs(n_bytes: int = 1 << 29, repeats: int = 5) -> float:
     reductions), and XLA's [1, k] x [k, n] product, the shape of a batch-1 decode's matmuls.
     Each reads the array once and does ~1 FLOP per 4 bytes, so the fastest is the least
     compute-bound; a reduction alone can read 24-34 GB/s on this 2-core machine while the XLA
-    product reaches ~36, and a bound taken from the slower one overstates what a decode reaches."""
+    product reaches ~37, and a bound taken from the slower one understates what a decode can
+    reach (so a decode's fraction of it reads too high)."""
     a = np.ones(n_bytes // 4, np.float32)
     parts = np.array_split(a, os.cpu_count() or 1)
     mat = jax.device_put(a.reshape(1024, -1))

@@ -156,8 +156,7 @@ def trim_code(code: str, max_tokens: int, count_tokens: Callable[[str], int] = a
 
 
 def lines_omitted(original: str, trimmed: str) -> int:
-    """How many of `original`'s lines `trim_code` left out of `trimmed` (0: shown whole)."""
-    if trimmed == original:
-        return 0
+    """How many of `original`'s lines `trim_code` left out of `trimmed` (0: shown whole): the
+    counts of the omission markers it added (a marker the program itself holds cancels out)."""
     return (sum(int(n) for n in _OMITTED.findall(trimmed))
             - sum(int(n) for n in _OMITTED.findall(original)))
