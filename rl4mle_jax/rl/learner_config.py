@@ -50,6 +50,8 @@ class LearnerConfig:
     dual_clip_c: float | None = 3.0
     value_clip_eps: float | None = 0.5
     vf_coef: float = 0.5  # weight of the value loss in the shared-trunk loss
+    # The loss subtracts entropy_coef x the token entropy of the tempered policy: > 0 is PPO's
+    # entropy bonus, < 0 minimises entropy (sharpens every position of every trained row).
     entropy_coef: float = 0.0
     entropy_coef_end: float = 0.0
     entropy_decay_steps: int = 0  # in train steps; 0 = constant

@@ -191,6 +191,39 @@ def test_group_baseline_without_critic_raises_logprob_of_better_samples(params):
     assert "vf_loss" not in metrics
 
 
+@pytest.mark.parametrize("coef,direction", [(-1.0, -1), (0.0, 0), (1.0, 1)],
+                         ids=["minimise", "off", "bonus"])
+def test_entropy_coefficient_sign_on_a_batch_without_signal(params, coef, direction):
+    """Equal rewards give leave-one-out advantages of 0, so the entropy term is the policy's
+    only gradient: a negative coefficient lowers the response tokens' entropy (the CPU
+    default's sharpening, configs/task.py), a positive one raises it, 0 leaves the policy."""
+    cfg = LearnerConfig(critic="none", advantage_estimator="rloo", group_size=0, actor_lr=3e-3,
+                        duration_weighting="off", temperature=0.7, entropy_coef=coef)
+    learner = make_learner(TINY, cfg, shd.make_mesh(**ONE_DEVICE))
+    state = learner.init_state(learner.shard_params(params), jax.random.PRNGKey(1))
+    batch = _batch(seed=6)
+    del batch["values_old"], batch["dt_s"]
+    batch["rewards"][:] = -10.0  # every episode failed alike
+    mask = batch["response_mask"] * batch["attention_mask"]
+
+    def entropy(state):
+        out = learner.compute_logprobs_and_values(state.policy_params, state.critic_params,
+                                                  batch["tokens"], batch["attention_mask"])
+        return float(np.sum(np.asarray(out["entropy"]) * mask) / mask.sum()), out
+
+    before, out = entropy(state)
+    batch["old_logprobs"] = np.asarray(out["logprobs"])
+    for _ in range(3):
+        state, metrics = learner.train_step(state, batch)
+        assert float(metrics["entropy_coef"]) == pytest.approx(coef)
+    after, _ = entropy(state)
+    if direction == 0:
+        assert after == pytest.approx(before, rel=1e-6)
+    else:
+        # random weights start near the maximum, log 64 = 4.16: the bonus can add little
+        assert direction * (after - before) > 1e-3, (before, after)
+
+
 def test_bad_batches_name_the_problem(params):
     learner = make_learner(TINY, FULL, shd.make_mesh(data=2, fsdp=4))
     state = None  # never reached: prepare_batch fails first
