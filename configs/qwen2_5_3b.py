@@ -33,6 +33,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.learner.advantage_estimator = "gae"
     c.learner.group_size = 1
     c.learner.critic_lr = 1e-5
+    # ... whitened, as GAE's advantages are in the paper's PPO (the CPU default leaves them
+    # unwhitened), with no entropy term and the paper's reward alone (no rank bonus).
+    c.learner.whiten_advantages = None  # the estimator's default: GAE whitens
+    c.learner.entropy_coef = 0.0
+    c.run.rank_bonus = 0.0
     c.learner.num_minibatches = 4
     c.learner.micro_batch_size = 8
     c.learner.remat = True
