@@ -27,6 +27,7 @@ VARIANTS = {
     # cannot tell it from the others (a valid AUC of 0.83 vs 0.88 against -10 for a failure):
     # run.rank_bonus gives the batch's better valid programs the larger push.
     "ent_m0p5_rank": (("learner.entropy_coef", -0.5), ("run.rank_bonus", 1.0)),
+    "ent_m2_rank": (("learner.entropy_coef", -2.0), ("run.rank_bonus", 1.0)),
 }
 # -0.05 barely moved the entropy on seed 5 (0.037 -> 0.030; its gradient norm ~0.01 against ~1
 # for a batch with a failure), so it ran on one seed only.
