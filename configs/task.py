@@ -3,8 +3,9 @@
 With no checkpoint given, the policy is the cached warm start (a byte-level BPE tokenizer and a
 tiny Qwen2 fine-tuned on real, executed solution programs for the task), then PPO with all three
 ideas on: duration-aware gradients, LM instrumentation by the frozen copy, self-improvement;
-PPO's policy loss with a leave-one-out batch baseline instead of a critic (the paper-scale
-config, configs/qwen2_5_3b.py, keeps GAE with a separate critic).
+PPO's policy loss with a leave-one-out batch baseline instead of a critic, an entropy-minimising
+term and a rank bonus among valid programs (the paper-scale config, configs/qwen2_5_3b.py, keeps
+the paper's PPO: GAE with a separate critic, no entropy term, the paper's reward alone).
 
 Every section is generated from the dataclass that owns its fields (rl4mle_jax/run_config.py
 lists them), so every field can be set with --config.SECTION.FIELD=VALUE; this file overrides
@@ -38,6 +39,11 @@ OVERRIDES = {
         # against 22 (README, "The embedded default"; docs/sweep_slots).
         "slots": 12,
         "reuse_runs": 4,
+        # A valid row's learner reward gets its centred rank among the batch's valid rows
+        # (in [-1/2, 1/2]): with the sharpening below, the better program is the one that
+        # gains mass (without it, seed 6 of food-reviews settled on a 0.833 program;
+        # docs/sweep_entropy).
+        "rank_bonus": 1.0,
     },
     "learner": {
         "actor_lr": 3e-5,
@@ -55,6 +61,15 @@ OVERRIDES = {
         "group_size": 0,  # one group: the whole batch
         "whiten_advantages": False,
         "temperature": 0.7,  # must equal sampling.temperature
+        # Entropy minimisation: the loss adds 0.5 x the token entropy of every trained row.
+        # What the policy gradient leaves after 300 s is a floor of garbled lines at T = 0.7,
+        # each at its own position, reached only through the one sampled token of one failed
+        # episode; this sharpens every position at once. Against the same config without it
+        # (docs/sweep_entropy; same warm starts and draws, another session): trained episodes
+        # of the last quarter 0.93 vs 0.90 valid on food-reviews (seeds 5-7), 0.87 vs 0.85 on
+        # telco-churn (seeds 2-4), best-of-32 valid-rate gain +0.28 / +0.14 vs +0.23 / +0.10,
+        # test pick unchanged; -2.0 did as well on average (0.90 / 0.94), with less diversity.
+        "entropy_coef": -0.5,
     },
 }
 

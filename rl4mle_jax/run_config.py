@@ -248,9 +248,10 @@ class RunConfig:
     # and the mean reward of the valid rows are unchanged, so the failure-vs-valid signal is
     # the paper's; the ranking lets a better program beat a worse one whatever the score's
     # scale (raw AUC differences of 0.01 weigh ~1/1000 of a failure's -10). The experience log
-    # and every reward metric keep the paper's reward (rl.advantages.valid_rank_bonus). 0: off
-    # (with the default's leave-one-out baseline, 1.0 changed nothing measurable on seeds 5-7:
-    # docs/sweep_rloo).
+    # and every reward metric keep the paper's reward (rl.advantages.valid_rank_bonus). 0: off.
+    # configs/task.py sets 1.0 with its entropy minimisation, which otherwise sharpens onto
+    # whichever valid program is most frequent (alone, 1.0 changed nothing measurable on seeds
+    # 5-7: docs/sweep_rloo; with it: docs/sweep_entropy).
     rank_bonus: float = 0.0
     buffer_size: int = 16
     checkpoint_every: int = 2

@@ -39,9 +39,12 @@ CHANGED = {
              "run.slots": 12,
              # a leave-one-out batch baseline, no critic: the separate critic learned nothing
              # in 300 s (docs/sweep_critic, docs/sweep_rloo)
-             "learner.critic": "none", "learner.advantage_estimator": "rloo"},
+             "learner.critic": "none", "learner.advantage_estimator": "rloo",
+             # entropy minimisation: the trained batches' failure floor (docs/sweep_entropy)
+             "learner.entropy_coef": -0.5, "run.rank_bonus": 1.0},
     "ablations": {"base.run.slots": 12, "base.learner.critic": "none",
-                  "base.learner.advantage_estimator": "rloo"},
+                  "base.learner.advantage_estimator": "rloo", "base.learner.entropy_coef": -0.5,
+                  "base.run.rank_bonus": 1.0},
 }
 for _name, _values in CHANGED.items():
     FROZEN[_name].update(_values)
