@@ -10,6 +10,13 @@ position. A negative entropy coefficient (loss + |c| * token entropy) sharpens e
 of every trained episode at once, the tail included (entropy minimisation as a learning signal:
 Agarwal et al. 2025, "The Unreasonable Effectiveness of Entropy Minimization in LLM Reasoning").
 
+Measured (docs/sweep_entropy/results.md; food-reviews seeds 5-7 here, telco-churn seeds 2-4 with
+`:telco-churn --config.seeds="(2,3,4)" --variants ent_m0p5_rank,ent_m2_rank` in workdirs/lc_telco):
+-0.5 with the rank bonus gained reward +1.69 / +1.89 and valid rate +0.28 / +0.14 against
++1.26 / +1.78 and +0.23 / +0.10 without either, pick unchanged; -0.5 alone lost one seed's
+pick (0.8755 -> 0.8334); -2 with the bonus did as well on average with fewer distinct programs.
+configs/task.py takes -0.5 with the rank bonus.
+
 Launch (resumes; ~7-9 min per run on 2 cores; in the learning check's workdir to reuse its
 initial draws, where the `rloo` variant of configs/sweep_rloo.py is the default):
   python experiments/sweep.py --config configs/sweep_entropy.py --workdir workdirs/lc567

@@ -16,7 +16,8 @@ the batch an edge of up to 1 over the worse.
 Measured (docs/sweep_rloo/results.md, where the `default` rows are the `gae_critic` runs, made
 when that was configs/task.py): leave-one-out +1.26 / +0.229 / -0.0001 (batch reward, valid
 rate, test pick) against +0.33 / +0.167 / -0.0005, 39-46 steps against 26-31; adopted in
-configs/task.py. The rank bonus added nothing measurable (+1.11 / +0.240 / -0.0005): off.
+configs/task.py. The rank bonus alone added nothing measurable (+1.11 / +0.240 / -0.0005); it is on
+since 126ff0e, with entropy minimisation (configs/sweep_entropy.py).
 
 Launch (resumes; ~9 min per run on 2 cores; point it at the learning check's workdir to reuse
 its initial draws and default runs):
