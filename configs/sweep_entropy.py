@@ -18,7 +18,8 @@ pick (0.8755 -> 0.8334); -2 with the bonus did as well on average with fewer dis
 configs/task.py takes -0.5 with the rank bonus.
 
 Launch (resumes; ~7-9 min per run on 2 cores; in the learning check's workdir to reuse its
-initial draws, where the `rloo` variant of configs/sweep_rloo.py is the default):
+initial draws; its `rloo` variant, configs/sweep_rloo.py's, is configs/task.py as it was before
+this sweep):
   python experiments/sweep.py --config configs/sweep_entropy.py --workdir workdirs/lc567
 """
 
