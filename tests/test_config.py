@@ -290,12 +290,12 @@ def test_paper_config_keeps_the_papers_ppo():
     """What configs/task.py changed for the tiny model on CPU does not reach the paper's
     setting: GAE with a separate critic and whitened advantages, T = 0.7, no entropy term,
     the paper's reward alone."""
-    from rl4mle_jax.rl.learner_config import LearnerConfig
     c = qwen2_5_3b.get_config()
-    lc = LearnerConfig.from_dict(c.learner)
-    assert (lc.critic, lc.advantage_estimator, lc.group_size) == ("separate", "gae", 1)
-    assert lc.whiten_advantages in (None, True) and lc.entropy_coef == 0.0
-    assert lc.temperature == c.sampling.temperature == 0.7
+    learner = lc.LearnerConfig.from_dict(c.learner)
+    assert (learner.critic, learner.advantage_estimator, learner.group_size) == \
+        ("separate", "gae", 1)
+    assert learner.whiten_advantages in (None, True) and learner.entropy_coef == 0.0
+    assert learner.temperature == c.sampling.temperature == 0.7
     assert c.run.rank_bonus == 0.0 and c.reward.normalisation == "flipped"
 
 
