@@ -326,7 +326,8 @@ class Learner:
             sample_weights_b=x["weights"], entropy_bt=entropy, entropy_coef=entropy_coef,
             ref_logprobs_bt=x["ref_logprobs"] if in_loss_kl else None, kl_coef=cfg.kl_coef,
             kl_kind=cfg.kl_estimator, agg_mode=cfg.agg_mode, normalizer=normalizer,
-            clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, dual_clip_c=cfg.dual_clip_c)
+            clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, dual_clip_c=cfg.dual_clip_c,
+            pg_coef=cfg.pg_coef)
         if values is not None:
             v_loss, v_metrics = ppo.value_loss(
                 values, x["values_old"], x["returns"], x["mask"], clip_eps=cfg.value_clip_eps,

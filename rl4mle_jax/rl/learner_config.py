@@ -7,6 +7,7 @@ once (rl.ppo, rl.duration and rl.state import them).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 CRITIC_MODES = ("separate", "shared", "none")
@@ -45,6 +46,10 @@ class LearnerConfig:
     shuffle: bool = True
     # Losses (rl.ppo).
     agg_mode: str = "token-mean"
+    # Weight of the policy-gradient (clipped surrogate) term; 0 is a control, not a method: the
+    # policy then learns from the entropy and KL terms alone, never from the reward (is the
+    # default's gain its entropy minimisation alone? configs/sweep_control.py).
+    pg_coef: float = 1.0
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     dual_clip_c: float | None = 3.0
@@ -135,6 +140,9 @@ class LearnerConfig:
         if self.micro_batch_size < 0:
             raise ValueError(f"LearnerConfig.micro_batch_size must be >= 0, got "
                              f"{self.micro_batch_size}")
+        if not (math.isfinite(self.pg_coef) and self.pg_coef >= 0):
+            raise ValueError(f"LearnerConfig.pg_coef must be finite and >= 0 (1: the paper's loss, "
+                             f"0: no policy gradient), got {self.pg_coef}")
         if self.temperature <= 0:
             raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
         if self.top_k < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p < 1:

@@ -298,8 +298,11 @@ def actor_loss(
     clip_eps_high: float | None = None,
     dual_clip_c: float | None = None,
     token_weights_bt: jax.Array | None = None,
+    pg_coef: float = 1.0,
 ) -> tuple[jax.Array, Metrics]:
-    """pg_loss(w) − entropy_coef·entropy + kl_coef·KL(π || π_ref): the policy's whole loss.
+    """pg_coef·pg_loss(w) − entropy_coef·entropy + kl_coef·KL(π || π_ref): the policy's whole
+    loss (pg_coef is 1 but in a control that trains without the reward; the metrics keep the
+    unscaled pg_loss).
 
     `entropy_coef` is the schedule's value at the current step (`entropy_coef_schedule(...)(step)`).
     The KL term is added only when `ref_logprobs_bt` is given and kl_coef > 0.
@@ -310,6 +313,8 @@ def actor_loss(
         clip_eps=clip_eps, clip_eps_high=clip_eps_high, dual_clip_c=dual_clip_c,
         agg_mode=agg_mode, sample_weights_b=sample_weights_b, normalizer=normalizer,
         token_weights_bt=token_weights_bt)
+    if pg_coef != 1.0:
+        loss = pg_coef * loss
     if entropy_bt is not None:
         ent, ent_metrics = entropy_bonus(entropy_bt, response_mask_bt, agg_mode=agg_mode,
                                          normalizer=normalizer)

@@ -224,6 +224,39 @@ def test_entropy_coefficient_sign_on_a_batch_without_signal(params, coef, direct
         assert direction * (after - before) > 1e-3, (before, after)
 
 
+def test_without_the_policy_gradient_only_the_entropy_term_trains(params):
+    """learner.pg_coef=0 (the control of configs/sweep_control.py): a batch whose rewards
+    differ moves the policy exactly as the same batch with equal rewards, i.e. by the entropy
+    term alone, and not at all without it."""
+    base = dict(critic="none", advantage_estimator="rloo", group_size=0, actor_lr=3e-3,
+                duration_weighting="off", temperature=0.7)
+    batch = _batch(seed=6)
+    del batch["values_old"], batch["dt_s"]
+    batch["rewards"] = np.where(np.arange(len(batch["rewards"])) % 2, 0.9, -10.0)
+    flat = {**batch, "rewards": np.full_like(batch["rewards"], -10.0)}
+
+    def trained(cfg, b):
+        learner = make_learner(TINY, cfg, shd.make_mesh(**ONE_DEVICE))
+        state = learner.init_state(learner.shard_params(params), jax.random.PRNGKey(1))
+        for _ in range(2):
+            state, metrics = learner.train_step(state, b)
+        return jax.tree.leaves(jax.device_get(state.policy_params)), metrics
+
+    start = jax.tree.leaves(jax.device_get(params))
+    still, metrics = trained(LearnerConfig(**base, pg_coef=0.0), batch)
+    assert float(metrics["pg_loss"]) != 0.0  # the surrogate is there, weighted out
+    for a, b in zip(start, still):
+        np.testing.assert_array_equal(a, b)
+    control, _ = trained(LearnerConfig(**base, pg_coef=0.0, entropy_coef=-1.0), batch)
+    sharpen, _ = trained(LearnerConfig(**base, entropy_coef=-1.0), flat)
+    rl, _ = trained(LearnerConfig(**base, entropy_coef=-1.0), batch)
+    for a, b in zip(control, sharpen):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert any(not np.allclose(a, b, atol=1e-6) for a, b in zip(control, rl))
+    with pytest.raises(ValueError, match="pg_coef must be finite and >= 0"):
+        LearnerConfig(pg_coef=-1.0)
+
+
 def test_bad_batches_name_the_problem(params):
     learner = make_learner(TINY, FULL, shd.make_mesh(data=2, fsdp=4))
     state = None  # never reached: prepare_batch fails first

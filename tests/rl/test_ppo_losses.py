@@ -169,6 +169,12 @@ def test_actor_loss_combines_terms():
     expected = float(pg) - 0.01 * (ent * MASK).sum() / MASK.sum() + 0.1 * 0.1
     np.testing.assert_allclose(float(total), expected, rtol=1e-5)
     assert set(metrics) >= {"pg_loss", "entropy", "kl_loss", "actor_loss", "pg_clipfrac"}
+    for pg_coef in (0.0, 0.5):  # the control without the reward scales the surrogate only
+        total, metrics = ppo.actor_loss(*args, sample_weights_b=w, entropy_bt=jnp.asarray(ent),
+                                        entropy_coef=0.01, pg_coef=pg_coef)
+        expected = pg_coef * float(pg) - 0.01 * (ent * MASK).sum() / MASK.sum()
+        np.testing.assert_allclose(float(total), expected, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(float(metrics["pg_loss"]), float(pg), rtol=1e-6)
 
 
 # ---------------------------------------------------------------- aggregation and DAG weights

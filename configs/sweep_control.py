@@ -1,0 +1,29 @@
+"""Is the default's gain its entropy minimisation alone? A control without the reward (issue 11).
+
+configs/task.py trains on the leave-one-out policy gradient plus an entropy-minimising term
+(learner.entropy_coef=-0.5). Sharpening alone raises the valid rate where the policy's most
+likely program is valid: without a control, a learning curve of the default cannot say how much
+of it the reward taught. `entropy_only` is the default with `learner.pg_coef=0`: the same runs,
+batches and entropy term, the policy-gradient term weighted out (so the rank bonus, which enters
+through the advantages only, does nothing either). Everything else (sampling, instrumentation,
+the reward the metrics and the experience log report) is unchanged, so its batch-reward curve is
+measured exactly as the default's.
+
+Launch (resumes; ~8 min per run on 2 cores; in the learning check's workdirs to reuse the initial
+draws of the default's rows, `ent_m0p5_rank` of configs/sweep_entropy.py):
+  python experiments/sweep.py --config configs/sweep_control.py --workdir workdirs/lc567
+  python experiments/sweep.py --config configs/sweep_control.py:telco-churn \
+      --config.seeds="(2,3,4)" --workdir workdirs/lc_telco
+"""
+
+import ml_collections
+
+from configs.sweep_base import sweep_config
+
+VARIANTS = {
+    "entropy_only": (("learner.pg_coef", 0.0),),
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    return sweep_config(VARIANTS, seeds=(5, 6, 7), arg=arg)
