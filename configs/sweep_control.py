@@ -22,6 +22,11 @@ from configs.sweep_base import sweep_config
 
 VARIANTS = {
     "entropy_only": (("learner.pg_coef", 0.0),),
+    # With Adam the entropy gradient alone takes the whole per-parameter step, so entropy_only
+    # sharpens ~2x as far as the default in 300 s (token entropy of the last quarter 0.013
+    # against 0.028 on food-reviews); at half the step the control's sharpening is about the
+    # default's, and what the reward adds to the valid rate at equal sharpness shows.
+    "entropy_only_lr1p5e-5": (("learner.pg_coef", 0.0), ("learner.actor_lr", 1.5e-5)),
 }
 
 
