@@ -313,8 +313,7 @@ def actor_loss(
         clip_eps=clip_eps, clip_eps_high=clip_eps_high, dual_clip_c=dual_clip_c,
         agg_mode=agg_mode, sample_weights_b=sample_weights_b, normalizer=normalizer,
         token_weights_bt=token_weights_bt)
-    if pg_coef != 1.0:
-        loss = pg_coef * loss
+    loss = pg_coef * loss
     if entropy_bt is not None:
         ent, ent_metrics = entropy_bonus(entropy_bt, response_mask_bt, agg_mode=agg_mode,
                                          normalizer=normalizer)
