@@ -31,6 +31,7 @@ ref_logprobs [B, T] (KL), group_ids [B] (grpo/rloo) when the config needs them.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -69,8 +70,8 @@ def shift_right(x_bt: jax.Array) -> jax.Array:
 
 
 def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array, start: int = 0,
-                               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
-                               ) -> tuple[jax.Array, jax.Array]:
+                               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                               entropy_gate: float = 0.0) -> tuple[jax.Array, jax.Array]:
     """log p(tokens[t] | tokens[<t]) and that distribution's entropy, both [B, T] (0 at
     t <= start). logits_btv holds positions [start, T) (`logits_from`=start), divided by the
     sampling temperature.
@@ -80,6 +81,9 @@ def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array, star
     set is taken from these logits (no gradient flows through it) and always keeps the token
     the row holds: it was drawn from the behaviour set, and after an update its probability may
     fall below the floor, where its log-prob would be -inf (ratio 0, NaN gradients).
+
+    entropy_gate > 0: the entropy's gradient flows only at positions whose most likely token
+    has probability >= entropy_gate (`LearnerConfig.entropy_gate`); its value is unchanged.
     """
     x = logits_btv[:, :-1].astype(jnp.float32)
     targets = tokens_bt[:, start + 1:]
@@ -92,6 +96,9 @@ def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array, star
     p_btv = jnp.exp(logp_btv)
     # 0 * -inf is NaN: cut tokens add 0 (and no NaN reaches the backward pass either).
     entropy_bt = -jnp.sum(p_btv * jnp.where(p_btv > 0, logp_btv, 0.0), axis=-1)
+    if entropy_gate > 0:
+        confident = jax.lax.stop_gradient(jnp.max(logp_btv, axis=-1)) >= math.log(entropy_gate)
+        entropy_bt = jnp.where(confident, entropy_bt, jax.lax.stop_gradient(entropy_bt))
     pad = ((0, 0), (start + 1, 0))
     return jnp.pad(logp_bt, pad), jnp.pad(entropy_bt, pad)
 
@@ -292,6 +299,7 @@ class Learner:
         logits, values = self._model_outputs(policy, critic, x["tokens"], x["attention_mask"],
                                              logits_from)
         logp, entropy = token_logprobs_and_entropy(logits, x["tokens"], logits_from,
+                                                   entropy_gate=cfg.entropy_gate,
                                                    **self._truncation)
         step_metrics = {}
         if "advantages" not in x:  # single pass: the old values are this forward's values

@@ -59,6 +59,12 @@ class LearnerConfig:
     # entropy bonus, < 0 minimises entropy (sharpens every position of every trained row).
     entropy_coef: float = 0.0
     entropy_coef_end: float = 0.0
+    # > 0: the entropy term's gradient reaches only the positions where the tempered policy's
+    # most likely token already has probability >= entropy_gate (the term's value, the
+    # "entropy" metric, still counts every position). With entropy_coef < 0 this sharpens the
+    # confident positions, where a rare sampled token garbles a line, and leaves the uncertain
+    # ones (which model, which hyper-parameter) to the reward (configs/sweep_gate.py).
+    entropy_gate: float = 0.0
     entropy_decay_steps: int = 0  # in train steps; 0 = constant
     entropy_schedule: str = "linear"
     kl_mode: str = "none"  # "none" | "loss" | "reward"
@@ -143,6 +149,9 @@ class LearnerConfig:
         if not (math.isfinite(self.pg_coef) and self.pg_coef >= 0):
             raise ValueError(f"LearnerConfig.pg_coef must be finite and >= 0 (1: the paper's loss, "
                              f"0: no policy gradient), got {self.pg_coef}")
+        if not 0 <= self.entropy_gate < 1:
+            raise ValueError(f"LearnerConfig.entropy_gate must be in [0, 1) (a top-token "
+                             f"probability; 0: every position), got {self.entropy_gate}")
         if self.temperature <= 0:
             raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
         if self.top_k < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p < 1:

@@ -97,6 +97,39 @@ def test_token_logprobs_and_entropy_match_numpy():
                                   [[0, 0, 1], [0, 3, 4]])
 
 
+def test_entropy_gate_keeps_the_value_and_the_gradient_of_confident_positions():
+    """learner.entropy_gate: the entropy's value is unchanged; its gradient (NumPy:
+    dH/dz_j = -p_j (log p_j + H)) reaches the positions whose top token has probability >= the
+    gate and no other; the log-probs and their gradient are untouched."""
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(2, 6, 5)).astype(np.float32)
+    logits[0, 1, 3] += 6.0  # two confident positions (top probability ~0.94 and ~0.99)
+    logits[1, 3, 0] += 8.0
+    tokens = rng.integers(0, 5, (2, 6))
+    x, tok = jnp.asarray(logits), jnp.asarray(tokens)
+    gate = 0.9
+    full = jax.device_get(token_logprobs_and_entropy(x, tok))
+    gated = jax.device_get(token_logprobs_and_entropy(x, tok, entropy_gate=gate))
+    for a, b in zip(full, gated):
+        np.testing.assert_array_equal(a, b)
+    grad = np.asarray(jax.grad(lambda z: jnp.sum(
+        token_logprobs_and_entropy(z, tok, entropy_gate=gate)[1]))(x))
+    z = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    p = np.exp(logp)
+    h = -(p * logp).sum(-1, keepdims=True)
+    ref = -p * (logp + h)
+    confident = p.max(-1) >= gate
+    confident[:, -1] = False  # the last position predicts nothing
+    assert confident.sum() == 2
+    np.testing.assert_allclose(grad, np.where(confident[..., None], ref, 0.0), atol=1e-6)
+    g_logp = [np.asarray(jax.grad(lambda z, e=e: jnp.sum(token_logprobs_and_entropy(
+        z, tok, entropy_gate=e)[0]))(x)) for e in (0.0, gate)]
+    np.testing.assert_array_equal(*g_logp)
+    with pytest.raises(ValueError, match=r"entropy_gate must be in \[0, 1\)"):
+        LearnerConfig(entropy_gate=1.0)
+
+
 @pytest.mark.parametrize("top_k,top_p,min_p", [(0, 1.0, 0.1), (0, 1.0, 0.6), (4, 1.0, 0.0),
                                                (0, 0.7, 0.0), (5, 0.9, 0.2)])
 def test_truncated_token_logprobs_match_numpy(top_k, top_p, min_p):
@@ -253,6 +286,12 @@ def test_without_the_policy_gradient_only_the_entropy_term_trains(params):
     for a, b in zip(control, sharpen):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     assert any(not np.allclose(a, b, atol=1e-6) for a, b in zip(control, rl))
+    # learner.entropy_gate in the train step: the random tiny model is nowhere 99% sure of a
+    # token, so a gated entropy term has no gradient at all.
+    gated, _ = trained(LearnerConfig(**base, pg_coef=0.0, entropy_coef=-1.0, entropy_gate=0.99),
+                       batch)
+    for a, b in zip(start, gated):
+        np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="pg_coef must be finite and >= 0"):
         LearnerConfig(pg_coef=-1.0)
 

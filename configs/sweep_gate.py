@@ -1,0 +1,36 @@
+"""Entropy minimisation at the confident positions only (issue 11), seeds 5-7.
+
+The default (configs/task.py) subtracts 0.5 x the token entropy of every position. That
+sharpening does two things at once: it removes the tail of rare tokens at positions where the
+policy is already sure (the garbles that fail a program: the lowest-probability token of a
+failed food-reviews program sat where the top token had probability >= 0.89 in 12 of 14 cases,
+docs/sweep_entropy) and it narrows the positions where the policy is unsure (which model, which
+hyper-parameter: 3.6% of the response tokens, ~70% of the entropy), the choices the reward and
+the rank bonus should make. Made harder (-2), it removed more failures but also more distinct
+programs; without the reward it lost the best program (docs/sweep_control).
+`learner.entropy_gate` lets the entropy's gradient reach only the positions whose top token
+already has probability >= the gate, so the tail can be sharpened hard while the uncertain
+positions are left to the policy gradient (the complement of training only the high-entropy
+"forking" tokens: Wang et al. 2025, "Beyond the 80/20 Rule").
+
+Launch (resumes; ~8 min per run on 2 cores; in the learning check's workdirs to reuse the initial
+draws of the default's rows, `ent_m0p5_rank` of configs/sweep_entropy.py):
+  python experiments/sweep.py --config configs/sweep_gate.py --workdir workdirs/lc567
+  python experiments/sweep.py --config configs/sweep_gate.py:telco-churn \
+      --config.seeds="(2,3,4)" --workdir workdirs/lc_telco
+  python experiments/sweep.py --config configs/sweep_gate.py:digits \
+      --config.seeds="(2,3,4)" --workdir workdirs/lc_digits
+"""
+
+import ml_collections
+
+from configs.sweep_base import sweep_config
+
+VARIANTS = {
+    # 4x the default's coefficient, at the positions whose top token is >= 0.9 only.
+    "gate0p9_m2": (("learner.entropy_gate", 0.9), ("learner.entropy_coef", -2.0)),
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    return sweep_config(VARIANTS, seeds=(5, 6, 7), arg=arg)
