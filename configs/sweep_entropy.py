@@ -27,15 +27,18 @@ import ml_collections
 
 from configs.sweep_base import sweep_config
 
+# Every position, as measured here (configs/task.py gates the term since docs/sweep_gate).
+GATE_OFF = ("learner.entropy_gate", 0.0)
+NO_BONUS = ("run.rank_bonus", 0.0)  # configs/task.py has the bonus since this sweep
 VARIANTS = {
-    "ent_m0p05": (("learner.entropy_coef", -0.05),),
-    "ent_m0p5": (("learner.entropy_coef", -0.5),),
-    "ent_m2": (("learner.entropy_coef", -2.0),),
+    "ent_m0p05": (("learner.entropy_coef", -0.05), NO_BONUS, GATE_OFF),
+    "ent_m0p5": (("learner.entropy_coef", -0.5), NO_BONUS, GATE_OFF),
+    "ent_m2": (("learner.entropy_coef", -2.0), NO_BONUS, GATE_OFF),
     # The sharpening also removes rare choices, the best program among them when the reward
     # cannot tell it from the others (a valid AUC of 0.83 vs 0.88 against -10 for a failure):
     # run.rank_bonus gives the batch's better valid programs the larger push.
-    "ent_m0p5_rank": (("learner.entropy_coef", -0.5), ("run.rank_bonus", 1.0)),
-    "ent_m2_rank": (("learner.entropy_coef", -2.0), ("run.rank_bonus", 1.0)),
+    "ent_m0p5_rank": (("learner.entropy_coef", -0.5), ("run.rank_bonus", 1.0), GATE_OFF),
+    "ent_m2_rank": (("learner.entropy_coef", -2.0), ("run.rank_bonus", 1.0), GATE_OFF),
 }
 # -0.05 barely moved the entropy on seed 5 (0.037 -> 0.030; its gradient norm ~0.01 against ~1
 # for a batch with a failure), so it ran on one seed only.

@@ -1,6 +1,7 @@
 """Entropy minimisation at the confident positions only (issue 11), seeds 5-7.
 
-The default (configs/task.py) subtracts 0.5 x the token entropy of every position. That
+The default before this sweep (configs/task.py from 126ff0e; `ent_m0p5_rank` of
+configs/sweep_entropy.py) subtracts 0.5 x the token entropy of every position. That
 sharpening does two things at once: it removes the tail of rare tokens at positions where the
 policy is already sure (the garbles that fail a program: the lowest-probability token of a
 failed food-reviews program sat where the top token had probability >= 0.89 in 12 of 14 cases,
@@ -12,6 +13,8 @@ programs; without the reward it lost the best program (docs/sweep_control).
 already has probability >= the gate, so the tail can be sharpened hard while the uncertain
 positions are left to the policy gradient (the complement of training only the high-entropy
 "forking" tokens: Wang et al. 2025, "Beyond the 80/20 Rule").
+
+Measured (docs/sweep_gate/results.md): -2 is configs/task.py since; -8 lost a pick.
 
 Launch (resumes; ~8 min per run on 2 cores; in the learning check's workdirs to reuse the initial
 draws of the default's rows, `ent_m0p5_rank` of configs/sweep_entropy.py):

@@ -40,11 +40,12 @@ CHANGED = {
              # a leave-one-out batch baseline, no critic: the separate critic learned nothing
              # in 300 s (docs/sweep_critic, docs/sweep_rloo)
              "learner.critic": "none", "learner.advantage_estimator": "rloo",
-             # entropy minimisation: the trained batches' failure floor (docs/sweep_entropy)
-             "learner.entropy_coef": -0.5, "run.rank_bonus": 1.0},
+             # entropy minimisation: the trained batches' failure floor (docs/sweep_entropy),
+             # at the confident positions only since docs/sweep_gate
+             "learner.entropy_coef": -2.0, "learner.entropy_gate": 0.9, "run.rank_bonus": 1.0},
     "ablations": {"base.run.slots": 12, "base.learner.critic": "none",
-                  "base.learner.advantage_estimator": "rloo", "base.learner.entropy_coef": -0.5,
-                  "base.run.rank_bonus": 1.0},
+                  "base.learner.advantage_estimator": "rloo", "base.learner.entropy_coef": -2.0,
+                  "base.learner.entropy_gate": 0.9, "base.run.rank_bonus": 1.0},
 }
 for _name, _values in CHANGED.items():
     FROZEN[_name].update(_values)
@@ -75,8 +76,8 @@ CHOICES = {
 }
 # Values the walk must not pick (they would make the combined config invalid).
 NOT = {("learner", "advantage_estimator"): ("gae",), ("learner", "critic"): ("none",)}
-# Fields whose generic other value (a float 1.0 doubled) would be out of range.
-OTHER = {("sampling", "top_p"): 0.9, ("learner", "top_p"): 0.9}
+# Fields whose generic other value (a float 1.0 doubled, 0.9 + 0.5) would be out of range.
+OTHER = {("sampling", "top_p"): 0.9, ("learner", "top_p"): 0.9, ("learner", "entropy_gate"): 0.5}
 
 
 def _flatten(config) -> dict:
