@@ -37,6 +37,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # unwhitened), with no entropy term and the paper's reward alone (no rank bonus).
     c.learner.whiten_advantages = None  # the estimator's default: GAE whitens
     c.learner.entropy_coef = 0.0
+    c.learner.entropy_gate = 0.0
     c.run.rank_bonus = 0.0
     c.learner.num_minibatches = 4
     c.learner.micro_batch_size = 8

@@ -296,6 +296,7 @@ def test_paper_config_keeps_the_papers_ppo():
     assert (learner.critic, learner.advantage_estimator, learner.group_size) == \
         ("separate", "gae", 1)
     assert learner.whiten_advantages in (None, True) and learner.entropy_coef == 0.0
+    assert learner.entropy_gate == 0.0
     cpu_default = lc.LearnerConfig.from_dict(task_config.get_config().learner)
     assert learner.pg_coef == 1.0 == cpu_default.pg_coef  # both train on the reward
     assert learner.temperature == c.sampling.temperature == 0.7
