@@ -20,9 +20,10 @@ Launch (resumes; ~8 min per run on 2 cores; in the learning check's workdirs to 
 draws of the default's rows, `ent_m0p5_rank` of configs/sweep_entropy.py):
   python experiments/sweep.py --config configs/sweep_gate.py --workdir workdirs/lc567
   python experiments/sweep.py --config configs/sweep_gate.py:telco-churn \
-      --config.seeds="(2,3,4)" --workdir workdirs/lc_telco
+      --config.seeds="(2,3,4)" --variants gate0p9_m2 --workdir workdirs/lc_telco
   python experiments/sweep.py --config configs/sweep_gate.py:digits \
-      --config.seeds="(2,3,4)" --workdir workdirs/lc_digits
+      --config.seeds="(2,3,4)" --variants gate0p9_m2 --workdir workdirs/lc_digits
+(-8 ran on food-reviews only.)
 """
 
 import ml_collections
