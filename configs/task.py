@@ -64,7 +64,8 @@ OVERRIDES = {
         "temperature": 0.7,  # must equal sampling.temperature
         # Entropy minimisation at the confident positions: the loss adds 2 x the token entropy
         # of every trained row, its gradient reaching only the positions whose top token
-        # already has probability >= 0.9 (~96% of the response tokens, ~30% of the entropy).
+        # already has probability >= 0.9 (~96-98% of the response tokens, ~20-30% of the
+        # entropy).
         # What the policy gradient leaves after 300 s is a floor of garbled lines at T = 0.7,
         # each at its own position, reached only through the one sampled token of one failed
         # episode; this sharpens every such position at once and leaves the uncertain ones
