@@ -1,0 +1,53 @@
+"""scripts/analyse_entropy_positions.py: the distributions it reads are the learner's."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from rl4mle_jax import models
+from rl4mle_jax.models import qwen2
+from rl4mle_jax.rl.learner import token_logprobs_and_entropy
+
+_PATH = Path(__file__).resolve().parents[1] / "scripts" / "analyse_entropy_positions.py"
+_SPEC = importlib.util.spec_from_file_location("analyse_entropy_positions", _PATH)
+script = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(script)
+
+CONFIG = models.Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=8)
+
+
+@pytest.mark.parametrize("trunc", [{"top_k": 0, "top_p": 1.0, "min_p": 0.0},
+                                   {"top_k": 0, "top_p": 1.0, "min_p": 0.9}])
+def test_response_positions_match_the_learner(trunc):
+    params = models.init_params(CONFIG, jax.random.PRNGKey(0))
+    rng = np.random.default_rng(0)
+    seqs = [(rng.integers(1, 48, n).tolist(), p) for n, p in ((20, 7), (33, 12))]
+    got = script.distributions(CONFIG, 0, params, seqs, 0.7, trunc, batch=2)
+    for (ids, p), (rows, held) in zip(seqs, got):
+        assert rows.shape == (len(ids) - p, 48) and held.shape == (len(ids) - p,)
+        tokens = np.asarray(ids)[None]
+        logits = qwen2.logits(CONFIG, params, tokens) / 0.7
+        lp, ent = token_logprobs_and_entropy(logits, tokens, 0, **trunc)
+        np.testing.assert_allclose(held, np.asarray(lp)[0, p:], atol=2e-5)
+        np.testing.assert_allclose(script.entropy(rows), np.asarray(ent)[0, p:], atol=2e-5)
+        if trunc["min_p"]:  # cut tokens are impossible, the held ones never
+            assert np.isneginf(rows).any() and np.isfinite(held).all()
+
+
+def test_split_against_hand_computed_numbers():
+    sure = np.log([0.95, 0.05])  # top token 0.95: confident at gate 0.9
+    unsure = np.log([0.5, 0.5])
+    dists = [(np.stack([sure, unsure]), None), (np.stack([sure]), None)]
+    confident = [np.array([True, False]), np.array([True])]
+    h_sure = -(0.95 * math.log(0.95) + 0.05 * math.log(0.05))
+    s = script.split(dists, confident)
+    assert s["entropy_confident"] == pytest.approx(h_sure)
+    assert s["entropy_uncertain"] == pytest.approx(math.log(2))
+    assert s["tail_confident"] == pytest.approx(0.05)
+    assert s["confident_share"] == pytest.approx(2 * h_sure / (2 * h_sure + math.log(2)))
