@@ -16,7 +16,7 @@ there was >= the gate (a failure the gated term can reach) or not.
       --runs workdirs/lc567/gate0p9_m2/seed5,workdirs/lc567/gate0p9_m2/seed6 --n 60
 
 Every run must have the first `--programs` run's task, model, prompt, warm start and sampling
-settings (checked). A few CPU minutes per policy for 60 programs.
+settings (checked). About 25 s on 2 cores for 60 programs and three checkpoints.
 """
 
 import json
