@@ -12,6 +12,8 @@ directory goes where the task id goes):
       --workdir workdirs/lc_titanic
   python experiments/sweep.py --config configs/learning_check.py:diamonds-price \
       --workdir workdirs/lc_diamonds
+  python experiments/sweep.py --config configs/learning_check.py:leaf-species \
+      --workdir workdirs/lc_leaf
 
 results.md gets, per seed, the first vs last quarter batch reward, the best-of-N valid rate and
 the test pick before vs after RL (rl4mle_jax.study.learning_table).
