@@ -253,6 +253,11 @@ class RunConfig:
     # whichever valid program is most frequent (alone, 1.0 changed nothing measurable on seeds
     # 5-7: docs/sweep_rloo; with it: docs/sweep_entropy).
     rank_bonus: float = 0.0
+    # With rank_bonus: two valid rows whose score difference is within rank_tie_se x its
+    # standard error on the split (a paired bootstrap over the grader's shared resamples,
+    # env.grading.GradeReport.score_boot) tie instead of one beating the other, so the bonus
+    # does not rank gaps the reward split cannot resolve. 0: every difference ranks.
+    rank_tie_se: float = 0.0
     buffer_size: int = 16
     checkpoint_every: int = 2
     keep_checkpoints: int = 2
@@ -286,6 +291,7 @@ class RunConfig:
         _need(self.max_staleness >= 0, "max_staleness", f"must be >= 0, got {self.max_staleness}")
         _need(self.reuse_runs >= 0, "reuse_runs", f"must be >= 0, got {self.reuse_runs}")
         _need(self.rank_bonus >= 0, "rank_bonus", f"must be >= 0, got {self.rank_bonus}")
+        _need(self.rank_tie_se >= 0, "rank_tie_se", f"must be >= 0, got {self.rank_tie_se}")
         _need(self.task_sampling in TASK_SAMPLING, "task_sampling",
               f"{self.task_sampling!r} is not one of {TASK_SAMPLING}")
         _need(0.0 <= self.task_sampling_floor <= 1.0, "task_sampling_floor",

@@ -43,6 +43,7 @@ from rl4mle_jax.components import Components, build_components, task_views
 from rl4mle_jax.engine import Engine
 from rl4mle_jax.env.instrument_lm import Instrumenter
 from rl4mle_jax.env.instrument_static import MILESTONES
+from rl4mle_jax.env.reward import reward_replicates
 from rl4mle_jax.report import brief_eval, write_best_solution, write_report
 from rl4mle_jax.rl.advantages import valid_rank_bonus
 from rl4mle_jax.rl.arrival import ArrivalModel
@@ -624,8 +625,11 @@ class _Trainer:
         if cfg.run.rank_bonus > 0:  # what the learner trains on; metrics keep e.reward
             valid = [e.record.get("status") == "valid" for e in batch]
             tasks = [self.task_ids.index(e.task) if self.multi else 0 for e in batch]
+            boot = (reward_replicates([e.record for e in batch], cfg.reward)
+                    if cfg.run.rank_tie_se > 0 else None)
             arrays["rewards"] = arrays["rewards"] + valid_rank_bonus(
-                arrays["rewards"], valid, cfg.run.rank_bonus, np.asarray(tasks))
+                arrays["rewards"], valid, cfg.run.rank_bonus, np.asarray(tasks), boot,
+                cfg.run.rank_tie_se)
         # Rows sampled with the params being trained: the behaviour log-prob gap's rows.
         arrays["fresh"] = np.asarray([e.params_version == self.loop.version for e in batch],
                                      np.float32)

@@ -269,3 +269,47 @@ def test_rank_bonus_reaches_the_learner_batch_only(multi):
     bonus = [0.5, 0.0, 0.5, -0.5, -0.5] if multi else [0.5, 0.0, -1 / 6, 1 / 6, -0.5]
     np.testing.assert_allclose(got, np.asarray([r for r, _, _ in rows]) + bonus, atol=1e-6)
     assert [e.reward for e in batch] == [r for r, _, _ in rows]
+
+
+def test_rank_tie_se_ties_what_the_reward_split_cannot_resolve():
+    """run.rank_tie_se reads each valid record's grader replicates (grade.score_boot) in the
+    reward's scale: two close scores with a wide paired spread tie, a clear gap still ranks."""
+    import types
+
+    import numpy as np
+
+    from rl4mle_jax import train
+    from rl4mle_jax.rl.learner_config import LearnerConfig
+    from rl4mle_jax.rollout.episode import Experience
+    from rl4mle_jax.run_config import RunConfig
+
+    c = task_config.get_config()
+    k = np.linspace(-1, 1, 32)
+    wobble = {0: 0.01 * np.sin(7 * k), 2: -0.01 * np.sin(7 * k), 3: 0.005 * np.cos(3 * k)}
+    # A loss (lower is better): rewards are the negated scores (normalisation "flipped").
+    scores = {0: 0.130, 2: 0.132, 3: 0.200}
+    rows = []
+    for i in range(4):
+        if i == 1:
+            rows.append((-10.0, {"status": "failure"}))
+            continue
+        boot = (scores[i] + 0.02 * k + wobble[i]).tolist()
+        rows.append((-scores[i], {"status": "valid", "score": scores[i], "direction": "lower",
+                                  "grade": {"score_boot": boot, "reference_scores": {}}}))
+    batch = [Experience(i, "solve", [1] * 5, [2] * 7, [0.0] * 7, 0, r, rec, "", None,
+                        True, 1.0, 1.0, 1.0, {}, task="")
+             for i, (r, rec) in enumerate(rows)]
+
+    def rewards(tie_se):
+        run = RunConfig(**{**c.run.to_dict(), "rank_bonus": 1.0, "rank_tie_se": tie_se})
+        trainer = types.SimpleNamespace(
+            config=types.SimpleNamespace(prompt=c.prompt, run=run, reward=c.reward),
+            learner=types.SimpleNamespace(config=LearnerConfig()),
+            c=types.SimpleNamespace(tokenizer=types.SimpleNamespace(pad_id=0)),
+            loop=types.SimpleNamespace(version=0), multi=False, task_ids=[""])
+        return train._Trainer._host_arrays(trainer, batch)["rewards"] - [r for r, _ in rows]
+
+    # Strict ranks: 0.130 < 0.132 < 0.200 (lower is better) -> +1/2, 0, -1/2.
+    np.testing.assert_allclose(rewards(0.0), [0.5, 0.0, 0.0, -0.5], atol=1e-6)
+    # Tied: the two close rows share the top two ranks, the far one stays last.
+    np.testing.assert_allclose(rewards(1.0), [0.25, 0.0, 0.25, -0.5], atol=1e-6)

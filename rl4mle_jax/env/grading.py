@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,14 @@ if TYPE_CHECKING:  # only for annotations: the grader does not import the task l
 # Probability rows may be off by formatting (e.g. 4 decimals over 32 classes); larger
 # deviations are an error, smaller ones are renormalised away as Kaggle does.
 ROW_SUM_ATOL = 1e-3
+# Paired bootstrap of a valid score (GradeReport.score_boot): the metric on BOOTSTRAP_REPLICATES
+# resamples of the split's rows, drawn from a seed fixed by (task, split, rows), so two
+# submissions of one task are scored on the same resamples and std(boot_a - boot_b) is the
+# standard error of their score difference (rl.advantages.valid_rank_bonus ties pairs within
+# it). Splits above BOOTSTRAP_MAX_ROWS get none (the cost is replicates x one metric call, and
+# the standard errors there are far below anything a rank could resolve).
+BOOTSTRAP_REPLICATES = 64
+BOOTSTRAP_MAX_ROWS = 100_000
 _NAN_TEXT = {"", "nan", "na", "n/a", "null", "none", "<na>"}
 
 
@@ -64,6 +73,9 @@ class GradeReport:
     reference_scores: dict = field(default_factory=dict)
     n_rows: int | None = None
     submission_path: str | None = None
+    # The metric on BOOTSTRAP_REPLICATES fixed resamples of the rows (None: not computed; NaN
+    # where a resample leaves the metric undefined). Host-side only: no prompt shows it.
+    score_boot: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -237,7 +249,28 @@ def _answers(task: Task, split: str) -> pd.DataFrame:
     return ans
 
 
-def _score(task: Task, split: str, data: bytes, ans: pd.DataFrame) -> tuple[float, int]:
+def bootstrap_rows(task_id: str, split: str, n: int,
+                   replicates: int = BOOTSTRAP_REPLICATES) -> np.ndarray:
+    """The resamples (row indices, [replicates, n]) every submission of (task, split) shares."""
+    seed = zlib.crc32(f"{task_id}\0{split}\0{n}".encode())
+    return np.random.default_rng(seed).integers(0, n, size=(replicates, n))
+
+
+def bootstrap_scores(metric: Metric, y_true: Any, y_pred: Any, rows_rn: np.ndarray
+                     ) -> list[float]:
+    """The metric on each resample of rows_rn; NaN where it fails or is not finite."""
+    out = []
+    for rows in rows_rn:
+        try:
+            v = float(metric.fn(y_true[rows], y_pred[rows]))
+        except Exception:  # noqa: BLE001 - e.g. a resample with one class: no replicate
+            v = math.nan
+        out.append(v if math.isfinite(v) else math.nan)
+    return out
+
+
+def _score(task: Task, split: str, data: bytes, ans: pd.DataFrame
+           ) -> tuple[float, int, list[float] | None]:
     metric = get_metric(task.metric)
     expected = _expected_columns(task, split)
     header, rows = parse_submission(data, submission_bounds(task, split), expected)
@@ -272,7 +305,12 @@ def _score(task: Task, split: str, data: bytes, ans: pd.DataFrame) -> tuple[floa
                               f"{str(e)[:200]}") from None
     if not math.isfinite(score):
         raise SubmissionError("metric_error", f"{metric.name} gave a non-finite score {score}")
-    return score, len(ans)
+    n = len(ans)
+    boot = None
+    if 2 <= n <= BOOTSTRAP_MAX_ROWS:
+        boot = bootstrap_scores(metric, np.asarray(y_true), np.asarray(y_pred),
+                                bootstrap_rows(task.id, split, n))
+    return score, n, boot
 
 
 def _base(task: Task, split: str, source: str) -> dict[str, Any]:
@@ -295,7 +333,7 @@ def grade_bytes(task: Task, data: bytes, split: str = "reward",
     ans = _answers(task, split)
     submission_bounds(task, split)  # a broken answers file raises here, outside the net
     try:
-        score, n = _score(task, split, bytes(data), ans)
+        score, n, boot = _score(task, split, bytes(data), ans)
     except SubmissionError as e:
         return invalid_report(task, split, source, e.reason, e.message)
     except TaskError:
@@ -303,7 +341,7 @@ def grade_bytes(task: Task, data: bytes, split: str = "reward",
     except Exception as e:  # noqa: BLE001 - hostile bytes must never crash the host
         return invalid_report(task, split, source, "grader_error",
                         f"the grader failed on this submission ({type(e).__name__})")
-    return GradeReport(valid=True, score=score, n_rows=n,
+    return GradeReport(valid=True, score=score, n_rows=n, score_boot=boot,
                        message=f"{task.metric} = {score:.6g} on {n} rows",
                        **_base(task, split, source))
 

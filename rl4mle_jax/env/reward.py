@@ -26,8 +26,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 from rl4mle_jax.env.actions import Action
 from rl4mle_jax.env.instrument import (
@@ -136,6 +139,30 @@ def normalise_score(score: float, direction: str, refs: dict, cfg: RewardConfig
     strong = refs.get(cfg.strong_key)
     scale = abs(strong - base) if strong is not None and strong != base else max(abs(base), 1e-8)
     return sign * (score - base) / scale, "rescaled"
+
+
+def reward_replicates(records: Sequence[dict | None], cfg: RewardConfig) -> np.ndarray | None:
+    """The grader's bootstrap replicates of each valid record's score (`grade.score_boot`) in
+    the reward's scale (`normalise_score`, which is affine in the score), [B, K]; NaN rows for
+    records without them (failures, logs from before replicates). None when no row has any."""
+    rows: list[np.ndarray | None] = []
+    for rec in records:
+        grade = (rec or {}).get("grade") or {}
+        boot = grade.get("score_boot")
+        if (rec or {}).get("status") != "valid" or not boot or rec.get("direction") is None:
+            rows.append(None)
+            continue
+        refs = grade.get("reference_scores") or {}
+        value, _ = normalise_score(np.asarray(boot, np.float64), rec["direction"], refs, cfg)
+        rows.append(np.asarray(value, np.float64))
+    k = max((r.size for r in rows if r is not None), default=0)
+    if k == 0:
+        return None
+    out = np.full((len(rows), k), np.nan)
+    for i, r in enumerate(rows):
+        if r is not None:
+            out[i, :r.size] = r
+    return out
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:

@@ -237,15 +237,28 @@ def flat_scores(scores_b: jax.Array, response_mask_bt: jax.Array) -> jax.Array:
     return jnp.logical_or(~jnp.any(rows), hi - lo <= FLAT_TOL)
 
 
+# Fewest bootstrap replicates (finite in both rows) for a pair's standard error to count.
+MIN_TIE_REPLICATES = 16
+
+
 def valid_rank_bonus(scores_b: np.ndarray, valid_b: np.ndarray, coef: float,
-                     group_ids_b: np.ndarray | None = None) -> np.ndarray:
+                     group_ids_b: np.ndarray | None = None, boot_bk: np.ndarray | None = None,
+                     tie_se: float = 0.0) -> np.ndarray:
     """coef × the centred rank of each valid row's score among its group's valid rows [B].
 
     Host side (numpy), added to a learner batch's rewards before it is sent
-    (`run.rank_bonus`). Ranks are 0 .. n−1 over the n valid rows of a group, ties take their
-    mean rank; the bonus is coef · (rank / (n − 1) − 1/2), in [−coef/2, coef/2] and summing to 0
-    over a group's valid rows. Invalid rows, and groups with fewer than two valid rows, get 0.
+    (`run.rank_bonus`). A valid row's rank is the number of its group's other valid rows it
+    beats, a pair it neither wins nor loses counting one half (so equal scores share their
+    mean rank); the bonus is coef · (rank / (n − 1) − 1/2), in [−coef/2, coef/2] and summing to
+    0 over a group's valid rows. Invalid rows, and groups with fewer than two valid rows, get 0.
     Higher score = better (pass the oriented score). group_ids_b None: one group.
+
+    boot_bk [B, K] (with tie_se > 0): each row's score on K resamples shared by all rows
+    (`env.grading.GradeReport.score_boot`, in the scale of scores_b; NaN where missing). A pair
+    whose score difference is within tie_se × the standard deviation of their replicates'
+    differences (the paired bootstrap's standard error) is a tie, not a win: the rank stops
+    rewarding gaps the reward split cannot resolve. A pair with fewer than MIN_TIE_REPLICATES
+    replicates finite in both ranks by its scores alone.
     """
     scores = np.asarray(scores_b, np.float64)
     valid = np.asarray(valid_b, bool)
@@ -254,6 +267,14 @@ def valid_rank_bonus(scores_b: np.ndarray, valid_b: np.ndarray, coef: float,
                          f"and {valid.shape}")
     if not np.all(np.isfinite(scores[valid])):
         raise ValueError("valid rows must have finite scores")
+    if tie_se < 0:
+        raise ValueError(f"tie_se must be >= 0, got {tie_se}")
+    boot = None
+    if boot_bk is not None and tie_se > 0:
+        boot = np.asarray(boot_bk, np.float64)
+        if boot.ndim != 2 or boot.shape[0] != scores.shape[0]:
+            raise ValueError(f"boot_bk must be [B, K] with B = {scores.shape[0]}, got "
+                             f"{boot.shape}")
     groups = np.zeros(scores.shape, np.int64) if group_ids_b is None else np.asarray(group_ids_b)
     out = np.zeros(scores.shape, np.float32)
     for g in np.unique(groups[valid]):
@@ -262,8 +283,18 @@ def valid_rank_bonus(scores_b: np.ndarray, valid_b: np.ndarray, coef: float,
         if n < 2:
             continue
         s = scores[rows]
-        below = np.sum(s[None, :] < s[:, None], axis=1)
-        ties = np.sum(s[None, :] == s[:, None], axis=1) - 1
-        rank = below + ties / 2.0  # the mean of the ranks the tied rows share
+        gap = s[:, None] - s[None, :]  # [n, n]: row i's score minus row j's
+        tol = np.zeros((n, n))
+        if boot is not None:
+            d = boot[rows][:, None, :] - boot[rows][None, :, :]  # [n, n, K]
+            both = np.isfinite(d)
+            k = both.sum(axis=2)
+            mean = np.where(both, d, 0.0).sum(axis=2) / np.maximum(k, 1)
+            var = np.where(both, (d - mean[..., None]) ** 2, 0.0).sum(axis=2) / np.maximum(
+                k - 1, 1)
+            tol = np.where(k >= MIN_TIE_REPLICATES, tie_se * np.sqrt(var), 0.0)
+        wins = (gap > tol) + 0.5 * (np.abs(gap) <= tol)
+        np.fill_diagonal(wins, 0.0)
+        rank = wins.sum(axis=1)
         out[rows] = coef * (rank / (n - 1) - 0.5)
     return out

@@ -260,3 +260,43 @@ def test_repeating_and_composite_ids_never_collide(tmp_path):
     rep = grade(task, write(tmp_path, swapped, "s.csv"), split="test")
     ref = np.sqrt(np.mean((swapped["y"].to_numpy() - y) ** 2))
     assert rep.valid and rep.score == pytest.approx(ref) and rep.score > 0
+
+
+def test_score_boot_is_a_paired_bootstrap(tmp_path):
+    """Valid reports carry the metric on resamples fixed by (task, split, rows): two
+    submissions share them, so replicate differences give the paired standard error."""
+    from rl4mle_jax.env.grading import BOOTSTRAP_REPLICATES, bootstrap_rows
+    from rl4mle_jax.env.metrics import roc_auc
+
+    task = make_task(tmp_path / "toy-auc", metric="auc", targets=["y"], n_test=60,
+                     answers_fn=lambda rng, n: rng.integers(0, 2, (n, 1)))
+    ans = answers_of(task)
+    rng = np.random.default_rng(3)
+    a = ans[["id"]].assign(y=(ans["y"] * 0.3 + rng.random(len(ans))) / 1.3)
+    b = a.assign(y=np.clip(a["y"] + rng.normal(0, 0.05, len(a)), 0, 1))
+    ra = grade(task, write(tmp_path, a, "a.csv"), split="test")
+    rb = grade(task, write(tmp_path, b, "b.csv"), split="test")
+    assert ra.valid and rb.valid and len(ra.score_boot) == BOOTSTRAP_REPLICATES
+    rows = bootstrap_rows(task.id, "test", len(ans))
+    np.testing.assert_array_equal(rows, bootstrap_rows(task.id, "test", len(ans)))
+    assert not np.array_equal(rows, bootstrap_rows(task.id, "reward", len(ans)))
+    y = ans["y"].to_numpy()
+    for r, sub in ((ra, a), (rb, b)):
+        want = [roc_auc(y[i], sub["y"].to_numpy()[i]) for i in rows]
+        np.testing.assert_allclose(r.score_boot, want, rtol=0, atol=1e-12)
+        assert json.loads(r.to_json())["score_boot"] == pytest.approx(want)
+    # Pairing: two close submissions differ far less on shared resamples than their own spread.
+    diff = np.std(np.subtract(ra.score_boot, rb.score_boot), ddof=1)
+    assert diff < 0.5 * np.std(ra.score_boot, ddof=1)
+    # A resample where the metric is undefined (one class) is NaN, not an error.
+    from rl4mle_jax.env.grading import bootstrap_scores
+    from rl4mle_jax.env.metrics import get_metric
+    y4, p4 = np.array([[1.0], [0.0], [0.0], [0.0]]), np.array([[0.9], [0.2], [0.4], [0.1]])
+    got = bootstrap_scores(get_metric("auc"), y4, p4, bootstrap_rows("t", "reward", 4))
+    lone = [not (y4[i] == 1).any() or (y4[i] == 1).all() for i in bootstrap_rows("t", "reward", 4)]
+    assert any(lone) and not all(lone)
+    assert all(np.isnan(g) == lo for g, lo in zip(got, lone))
+    assert all(g == 1.0 for g, lo in zip(got, lone) if not lo)
+    # Invalid: no replicates.
+    bad = grade(task, write(tmp_path, a.assign(y="x"), "c.csv"), split="test")
+    assert not bad.valid and bad.score_boot is None

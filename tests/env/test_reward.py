@@ -15,6 +15,7 @@ from rl4mle_jax.env.reward import (
     compute_reward,
     normalise_score,
     parse_error,
+    reward_replicates,
 )
 from rl4mle_jax.env.sandbox import ExecResult
 
@@ -75,6 +76,33 @@ def test_rescaled_against_reference_scores():
     assert normalise_score(0.7, "higher", {}, cfg) == (0.7, "flipped (no reference scores)")
     with pytest.raises(ValueError, match="direction"):
         normalise_score(1.0, "up", {}, cfg)
+
+
+@pytest.mark.parametrize("norm", ["raw", "flipped", "rescaled"])
+def test_reward_replicates_are_the_grader_replicates_in_the_reward_scale(norm):
+    """Each valid record's `grade.score_boot` through the same normalisation as its reward (so
+    replicate gaps and reward gaps compare); failures and records without replicates: NaN."""
+    import numpy as np
+    cfg = RewardConfig(normalisation=norm)
+    refs = {"baseline": 2.0, "strong": 1.0}
+    recs = []
+    for score, boot in ((1.5, [1.4, 1.6, float("nan")]), (1.2, [1.1, 1.3, 1.25])):
+        g = _grade(score=score, direction="lower", refs=refs)
+        g.score_boot = boot
+        rec = _reward(grade=g, cfg=cfg).to_dict()
+        recs.append(json.loads(json.dumps(rec)))  # as the experience log holds it
+    failure = _reward(grade=_grade(valid=False, reason="bad_shape")).to_dict()
+    old = dict(recs[1], grade={**recs[1]["grade"], "score_boot": None})
+    got = reward_replicates([recs[0], failure, recs[1], old, None], cfg)
+    assert got.shape == (5, 3)
+    for row, rec in ((0, recs[0]), (2, recs[1])):
+        want = [normalise_score(b, "lower", refs, cfg)[0] for b in rec["grade"]["score_boot"]]
+        np.testing.assert_allclose(got[row], want, rtol=1e-12)
+        # The reward itself is the same map of the score.
+        assert rec["reward"] == pytest.approx(normalise_score(rec["score"], "lower", refs,
+                                                              cfg)[0])
+    assert np.isnan(got[[1, 3, 4]]).all()
+    assert reward_replicates([failure, old], cfg) is None
 
 
 @pytest.mark.parametrize("k", [0, 1, 3, 6])

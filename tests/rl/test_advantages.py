@@ -236,6 +236,79 @@ def test_valid_rank_bonus_matches_average_ranks(seed):
     assert np.all(np.abs(got) <= 0.4 + 1e-6)
 
 
+def _np_tied_rank_bonus(scores, valid, coef, groups, boot, tie_se, min_k):
+    """Reference: pair by pair, a win unless the gap is within tie_se standard deviations of
+    the pair's replicate differences (sample std over replicates finite in both)."""
+    out = np.zeros(len(scores))
+    for g in set(np.asarray(groups)[np.asarray(valid, bool)].tolist()):
+        rows = [i for i in range(len(scores)) if valid[i] and groups[i] == g]
+        for i in rows:
+            rank = 0.0
+            for j in rows:
+                if j == i:
+                    continue
+                d = [a - b for a, b in zip(boot[i], boot[j]) if np.isfinite(a - b)]
+                tol = tie_se * float(np.std(d, ddof=1)) if len(d) >= min_k else 0.0
+                gap = scores[i] - scores[j]
+                rank += 1.0 if gap > tol else 0.5 if abs(gap) <= tol else 0.0
+            if len(rows) > 1:
+                out[i] = coef * (rank / (len(rows) - 1) - 0.5)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("tie_se", [0.5, 1.0, 2.0])
+def test_valid_rank_bonus_ties_gaps_within_the_paired_standard_error(seed, tie_se):
+    rng = np.random.default_rng(seed)
+    b, k = 14, 64
+    quality = rng.choice([0.80, 0.84, 0.845, 0.85, 0.86], size=b)
+    # Shared resamples: a common per-replicate shift plus each row's own small noise.
+    common = rng.normal(0, 0.03, k)
+    boot = quality[:, None] + common[None, :] + rng.normal(0, 0.006, (b, k))
+    boot[rng.random((b, k)) < 0.1] = np.nan  # undefined resamples
+    boot[3, 40:] = np.nan  # too few replicates left for row 3's pairs: its scores decide
+    scores = quality + rng.normal(0, 0.004, b)
+    valid = rng.random(b) < 0.8
+    scores = np.where(valid, scores, -10.0)
+    groups = rng.integers(0, 2, size=b)
+    min_k = adv_lib.MIN_TIE_REPLICATES
+    got = adv_lib.valid_rank_bonus(scores, valid, 0.8, groups, boot, tie_se)
+    np.testing.assert_allclose(
+        got, _np_tied_rank_bonus(scores, valid, 0.8, groups, boot, tie_se, min_k), atol=1e-6)
+    for g in np.unique(groups):  # still zero-sum over each group's valid rows
+        assert abs(got[(groups == g) & valid].sum()) < 1e-5
+    assert np.all(got[~valid] == 0)
+    # Without replicates, or tie_se 0: the plain average ranks.
+    plain = _np_rank_bonus(scores, valid, 0.8, groups)
+    np.testing.assert_allclose(adv_lib.valid_rank_bonus(scores, valid, 0.8, groups, boot, 0.0),
+                               plain, atol=1e-6)
+    np.testing.assert_allclose(adv_lib.valid_rank_bonus(scores, valid, 0.8, groups, None, 1.0),
+                               plain, atol=1e-6)
+    assert not np.allclose(got, plain)  # these draws have gaps within the standard error
+
+
+def test_valid_rank_bonus_tie_examples():
+    f = adv_lib.valid_rank_bonus
+    k = np.linspace(-1, 1, 32)
+    # Gaps of 0.002 under a paired standard error of ~0.01: all three tie, no bonus.
+    boot = np.stack([0.870 + 0.03 * k + 0.01 * np.sin(7 * k),
+                     0.868 + 0.03 * k - 0.01 * np.sin(7 * k),
+                     0.866 + 0.03 * k + 0.01 * np.cos(5 * k)])
+    np.testing.assert_allclose(f([0.870, 0.868, 0.866], [1, 1, 1], 1.0, None, boot, 1.0), 0.0,
+                               atol=1e-7)
+    # A clear gap still ranks: the 0.95 row wins both pairs, the two close rows tie.
+    far = boot.copy()
+    far[0] += 0.08
+    np.testing.assert_allclose(f([0.950, 0.868, 0.866], [1, 1, 1], 1.0, None, far, 1.0),
+                               [0.5, -0.25, -0.25], atol=1e-7)
+    # Identical programs (identical replicates): a tie, as with equal scores.
+    np.testing.assert_allclose(f([0.87, 0.87], [1, 1], 1.0, None, boot[[0, 0]], 1.0), 0.0)
+    with pytest.raises(ValueError, match="tie_se"):
+        f([0.8, 0.9], [1, 1], 1.0, None, boot[:2], -1.0)
+    with pytest.raises(ValueError, match="boot_bk"):
+        f([0.8, 0.9], [1, 1], 1.0, None, boot, 1.0)
+
+
 def test_valid_rank_bonus_edge_cases():
     f = adv_lib.valid_rank_bonus
     # One group (None): best +coef/2, worst -coef/2, the failure untouched.
