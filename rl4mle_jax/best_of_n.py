@@ -43,6 +43,13 @@ class Candidate:
         rec = self.reward_split if split == "reward" else self.test_split
         return rec["score"] if rec and rec.get("status") == "valid" else None
 
+    def boot(self, split: str) -> list[float] | None:
+        """The grader's replicates of `score(split)` (`GradeReport.score_boot`), if any."""
+        rec = self.reward_split if split == "reward" else self.test_split
+        if self.score(split) is None:
+            return None
+        return (rec.get("grade") or {}).get("score_boot")
+
 
 class SharedRuns:
     """Which candidates of one evaluation run, and which take an identical earlier one's run:
@@ -176,7 +183,10 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
         "valid_rate": len(valid) / max(len(cands), 1),
         "runs": sum(c.code is not None and not c.reused_run for c in cands),
         "pick": {"kind": pick.kind, "reward_score": pick.score("reward"),
-                 "test_score": pick.score("test"), "code": pick.code},
+                 "test_score": pick.score("test"), "code": pick.code,
+                 # the grader's bootstrap replicates of the test score (study.learning_check
+                 # pairs them across evaluations for the pick change's standard error)
+                 "test_score_boot": pick.boot("test")},
         "paper_protocol_best_test_score": oracle.score("test"),
         "by_kind": {k: {"n": sum(c.kind == k for c in cands),
                         "valid": sum(c.kind == k and c.score("reward") is not None

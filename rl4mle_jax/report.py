@@ -123,7 +123,9 @@ def learning_lines(workdir: Path, refs: dict[str, Any], direction: str) -> list[
         f"{_fmt(c['valid_final'])} | {fv(c['valid_gain'], 3, True)} | "
         f">= {goal['valid_gain']:+g} |",
         f"| test score of the pick (made on the reward split) | {_fmt(c['test_initial'])} | "
-        f"{_fmt(c['test_final'])} | {fv(c['test_gain'], 4, True)} | >= {goal['test_gain']:+g} |",
+        f"{_fmt(c['test_final'])} | {fv(c['test_gain'], 4, True)}"
+        + (f" ± {c['test_gain_se']:.4f} (paired bootstrap on the test split)"
+           if c["test_gain_se"] is not None else "") + f" | >= {goal['test_gain']:+g} |",
     ]
     for kind, k in c["by_kind"].items():
         lines.append(

@@ -193,7 +193,23 @@ def plot_trained_dt(study: dict[str, list[Run]], ax: Any = None) -> Any:
 
 
 # ---------------------------------------------------------------- table
-def _pick(ev: dict[str, Any] | None, key: str) -> float | None:
+# Fewest replicates (finite in both) for a paired standard error.
+MIN_PAIRED_REPLICATES = 16
+
+
+def paired_se(boot_a: list[float] | None, boot_b: list[float] | None) -> float | None:
+    """Standard error of score b − score a from the grader's replicates of both on the same
+    resamples (`env.grading.GradeReport.score_boot`): the sample std of their differences.
+    None when either is missing, they differ in length, or fewer than MIN_PAIRED_REPLICATES
+    are finite in both. Orientation does not matter (a sign flip keeps the std)."""
+    if not boot_a or not boot_b or len(boot_a) != len(boot_b):
+        return None
+    d = np.asarray(boot_b, np.float64) - np.asarray(boot_a, np.float64)
+    d = d[np.isfinite(d)]
+    return float(np.std(d, ddof=1)) if d.size >= MIN_PAIRED_REPLICATES else None
+
+
+def _pick(ev: dict[str, Any] | None, key: str) -> Any:
     return None if not ev else (ev.get("pick") or {}).get(key)
 
 
@@ -243,7 +259,8 @@ def learning_check(run: Run) -> dict[str, Any]:
     reward_first / reward_last: mean `reward/mean` over the first / last max(1, steps // 4)
     learner steps; valid_*: best-of-N valid rate (same draws before and after); test_*: the
     test-split score of the pick made on the reward split, and test_gain its change oriented so
-    that > 0 is better (None when either pick is missing).
+    that > 0 is better (None when either pick is missing); test_gain_se its standard error on
+    the test split (`paired_se` of the two picks' replicates; None for evaluations without them).
     """
     rewards = [r["reward/mean"] for r in run.metrics
                if "reward/mean" in r and math.isfinite(r["reward/mean"])]
@@ -262,6 +279,7 @@ def learning_check(run: Run) -> dict[str, Any]:
     direction = fin.get("direction") or ini.get("direction") or "higher"
     out["test_gain"] = (None if t0 is None or t1 is None
                         else oriented_score(t1, direction) - oriented_score(t0, direction))
+    out["test_gain_se"] = paired_se(_pick(ini, "test_score_boot"), _pick(fin, "test_score_boot"))
     out["by_kind"] = valid_by_kind(run)
     return out
 
@@ -352,7 +370,8 @@ def learning_table(study: dict[str, list[Run]]) -> str:
         checks = [learning_check(r) for r in runs]
         for c in checks:
             cells = [fmt_value(c[k], 4 if k.startswith("test") else 3, k.endswith("gain"))
-                     for k in cols]
+                     + (f" ± {c['test_gain_se']:.4f}" if k == "test_gain"
+                        and c["test_gain_se"] is not None else "") for k in cols]
             lines.append(f"| {variant} | {c['seed']} | {c['eval_n']} | " + " | ".join(cells)
                          + " |")
         gains = {}
@@ -360,11 +379,18 @@ def learning_table(study: dict[str, list[Run]]) -> str:
             xs = [c[k] for c in checks if c[k] is not None]
             gains[k] = float(np.mean(xs)) if xs else None
         met = all(gains[k] is not None and gains[k] >= goal for k, goal in LEARNING_GOALS.items())
+        ses = [c["test_gain_se"] for c in checks if c["test_gain"] is not None]
+        # The mean's standard error on the test split, where every run has one (runs are
+        # independent: the root of the summed variances over the count).
+        test_se = (float(np.sqrt(np.sum(np.square(ses)))) / len(ses)
+                   if ses and None not in ses else None)
         means.append(f"| {variant} | {len(checks)} | " + " | ".join(
-            fmt_value(gains[k], 4 if k == "test_gain" else 3, True) for k in LEARNING_GOALS)
-            + f" | {'yes' if met else 'no'} |")
+            fmt_value(gains[k], 4 if k == "test_gain" else 3, True)
+            + (f" ± {test_se:.4f}" if k == "test_gain" and test_se is not None else "")
+            for k in LEARNING_GOALS) + f" | {'yes' if met else 'no'} |")
     lines += ["", "| variant | seeds | mean reward gain (goal >= 2.0) | mean valid gain "
-              "(goal >= 0.25) | mean test gain (goal >= 0) | all goals met |",
+              "(goal >= 0.25) | mean test gain (goal >= 0; ± its standard error on the test "
+              "split) | all goals met |",
               "|---|---|---|---|---|---|", *means]
     return "\n".join(lines)
 

@@ -48,3 +48,17 @@ def test_identical_candidates_take_the_records_of_the_one_that_ran(monkeypatch):
     calls.clear()
     asyncio.run(bon._run_candidates(_cands(["a", "a"]), None, None, 10.0, 2, bon.SharedRuns(0)))
     assert len(calls) == 4
+
+
+def test_candidate_replicates_only_where_the_score_counts():
+    """`Candidate.boot`: the grader's replicates of a valid split's score (the pick carries the
+    test split's, for the pick change's standard error), none for a failed or missing split."""
+    boot = [0.8, 0.9]
+    valid = {"status": "valid", "score": 0.85, "grade": {"score_boot": boot}}
+    c = bon.Candidate("solve", "x", None, reward_split=valid,
+                            test_split={**valid, "status": "failure"})
+    assert c.boot("reward") == boot and c.boot("test") is None
+    assert bon.Candidate("solve", None, "no_code_block").boot("test") is None
+    old = bon.Candidate("solve", "x", None, test_split={"status": "valid", "score": 0.8,
+                                                              "grade": {"score": 0.8}})
+    assert old.boot("test") is None  # a record from before the replicates

@@ -90,6 +90,43 @@ def test_learning_check_quarters_and_before_after(tmp_path):
     assert "| v | 1 | +8.850 | +0.300 | +0.0500 | yes |" in table, table
 
 
+def test_test_gain_standard_error_pairs_the_picks_replicates(tmp_path):
+    """The picks' test-score replicates (same resamples) give the change's standard error; the
+    table shows it per run and, for the mean over seeds, the root of the summed variances / n."""
+    rng = np.random.default_rng(0)
+    common = rng.normal(0, 0.03, 64)  # what the two picks share on each resample
+    for seed, (t0, t1) in enumerate([(0.86, 0.85), (0.85, 0.87)]):
+        wd = tmp_path / "v" / f"seed{seed}"
+        b0 = (t0 + common + rng.normal(0, 0.01, 64)).tolist()
+        b1 = (t1 + common + rng.normal(0, 0.01, 64)).tolist()
+        b1[5] = float("nan")  # a resample where the metric is undefined
+        _write_run(wd, [-3.0, 0.0], [60.0, 120.0], final={
+            "n": 32, "direction": "higher", "valid_rate": 1.0,
+            "pick": {"test_score": t1, "test_score_boot": b1}})
+        (wd / "eval_initial.json").write_text(json.dumps(
+            {"n": 32, "direction": "higher", "valid_rate": 0.5,
+             "pick": {"test_score": t0, "test_score_boot": b0}}))
+    runs = st.load_study(tmp_path)["v"]
+    checks = [st.learning_check(r) for r in runs]
+    ses = []
+    for c, r in zip(checks, runs):
+        d = np.subtract(r.final["pick"]["test_score_boot"], r.initial["pick"]["test_score_boot"])
+        ses.append(np.std(d[np.isfinite(d)], ddof=1))
+        np.testing.assert_allclose(c["test_gain_se"], ses[-1])
+        assert 0.008 < c["test_gain_se"] < 0.02  # the shared part cancels
+    table = st.learning_table(st.load_study(tmp_path))
+    assert f"| -0.0100 ± {ses[0]:.4f} |" in table, table
+    mean_se = np.sqrt(ses[0] ** 2 + ses[1] ** 2) / 2
+    assert f"| +0.0050 ± {mean_se:.4f} | yes |" in table, table
+    # Missing or unequal replicates: no standard error, and none for the mean either.
+    assert st.paired_se(None, [0.1] * 64) is None and st.paired_se([0.1] * 64, [0.1] * 63) is None
+    assert st.paired_se([0.1] * 8, [0.2] * 8) is None  # too few to estimate
+    (tmp_path / "v" / "seed1" / "eval_initial.json").write_text(json.dumps(
+        {"n": 32, "direction": "higher", "valid_rate": 0.5, "pick": {"test_score": 0.85}}))
+    table = st.learning_table(st.load_study(tmp_path))
+    assert "| +0.0050 | yes |" in table, table
+
+
 def test_valid_rate_by_prompt_kind(tmp_path):
     # 8 trained episodes (quarters of 2), one cancelled and one dropped that must not count
     kinds = ["solve", "improve", "solve", "improve", "solve", "improve", "solve", "improve"]
