@@ -26,6 +26,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,13 +36,13 @@ if __name__ == "__main__":
     reexec_with_tcmalloc()  # before JAX allocates anything (rl4mle_jax/allocator.py)
 
 from configs import task as task_config  # noqa: E402
-from rl4mle_jax import checkpoint as ckpt_lib  # noqa: E402
-from rl4mle_jax import compile_cache, sharding  # noqa: E402
+from rl4mle_jax import compile_cache  # noqa: E402
 from rl4mle_jax.components import build_components  # noqa: E402
 from rl4mle_jax.env import prompts as prompts_lib  # noqa: E402
 from rl4mle_jax.models import qwen2  # noqa: E402
-from rl4mle_jax.rl.learner import make_learner  # noqa: E402
-from rl4mle_jax.sampling import truncate_logits, truncation_settings  # noqa: E402
+from rl4mle_jax.models.convert import load_params_orbax  # noqa: E402
+from rl4mle_jax.rl.learner import truncated_log_softmax  # noqa: E402
+from rl4mle_jax.sampling import truncation_settings  # noqa: E402
 from rl4mle_jax.warmstart.demo_runs import render_response  # noqa: E402
 
 _PROGRAMS = flags.DEFINE_list("programs", None, "Run workdirs whose solve episodes are the "
@@ -90,18 +91,14 @@ def _encode(comps, episodes: list[dict]) -> list[tuple[list[int], int]]:
 def distributions(model_config, pad_id: int, params, seqs, temperature: float, trunc: dict,
                   batch: int = 4) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per (ids, prompt length) in `seqs`: the response positions' log-probs [R, V] of the
-    tempered, truncated distribution the learner trains (`token_logprobs_and_entropy`'s), and the
-    log-prob of each held token [R]."""
+    tempered, truncated distribution the learner trains (`rl.learner.truncated_log_softmax`), and
+    the log-prob of each held token [R]."""
 
     @jax.jit
     def run(params, tokens, mask):
         x = qwen2.logits(model_config, params, tokens, mask)[:, :-1] / temperature
-        if trunc["top_k"] > 0 or trunc["top_p"] < 1 or trunc["min_p"] > 0:
-            cut = truncate_logits(x, trunc["top_k"], trunc["top_p"], trunc["top_p"] < 1,
-                                  trunc["min_p"])
-            is_target = jnp.arange(x.shape[-1]) == tokens[:, 1:, None]  # always kept
-            x = jnp.where(is_target | (cut > -jnp.inf), x, -jnp.inf)
-        return jax.nn.log_softmax(x, axis=-1)
+        return truncated_log_softmax(x, tokens[:, 1:], trunc["top_k"], trunc["top_p"],
+                                     trunc["min_p"])
 
     out = []
     for i in range(0, len(seqs), batch):
@@ -178,12 +175,11 @@ def main(argv):
             if run_config[key] != config[key]:
                 raise SystemExit(f"{run_dir}: config.{key} differs from {programs[0]}'s (the "
                                  "positions are those of one warm start on one task)")
-        learner = make_learner(comps.model_config, dict(run_config.learner),
-                               sharding.make_meshes(**run_config.mesh).learner)
-        with ckpt_lib.CheckpointManager(run_dir / "checkpoints") as mngr:
-            state, meta = mngr.restore(learner.abstract_state())
-        dists = _measure(comps, state.policy_params, seqs, temperature, trunc)
-        print(_row(f"{run_dir} (step {meta['step']})", dists, confident))
+        step = ocp.CheckpointManager((run_dir / "checkpoints").absolute()).latest_step()
+        # Only the policy of the latest train state (no learner, optimiser or critic).
+        _, policy = load_params_orbax(run_dir / "checkpoints", step, config=comps.model_config)
+        dists = _measure(comps, policy, seqs, temperature, trunc)
+        print(_row(f"{run_dir} (step {step})", dists, confident))
 
     if failed:
         fails = _measure(comps, comps.params, _encode(comps, failed), temperature, trunc)

@@ -69,6 +69,20 @@ def shift_right(x_bt: jax.Array) -> jax.Array:
     return jnp.pad(x_bt[:, :-1], ((0, 0), (1, 0)))
 
 
+def truncated_log_softmax(logits_btv: jax.Array, targets_bt: jax.Array, top_k: int = 0,
+                          top_p: float = 1.0, min_p: float = 0.0) -> jax.Array:
+    """Log-probs [B, T, V] of the sampler's truncated distribution (`sampling.truncate_logits`
+    of these logits, renormalised; cut tokens -inf), always keeping targets_bt [B, T], the token
+    each position holds. The set carries no gradient. Shared by the train step and the analyses
+    that must read the distribution it trains (scripts/analyse_entropy_positions.py)."""
+    x = logits_btv.astype(jnp.float32)
+    if top_k > 0 or top_p < 1 or min_p > 0:
+        cut = truncate_logits(jax.lax.stop_gradient(x), top_k, top_p, top_p < 1, min_p)
+        is_target = jnp.arange(x.shape[-1]) == targets_bt[..., None]  # fused, never materialised
+        x = jnp.where(is_target | (cut > _NEG_INF), x, _NEG_INF)
+    return jax.nn.log_softmax(x, axis=-1)
+
+
 def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array, start: int = 0,
                                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                                entropy_gate: float = 0.0) -> tuple[jax.Array, jax.Array]:
@@ -85,13 +99,8 @@ def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array, star
     entropy_gate > 0: the entropy's gradient flows only at positions whose most likely token
     has probability >= entropy_gate (`LearnerConfig.entropy_gate`); its value is unchanged.
     """
-    x = logits_btv[:, :-1].astype(jnp.float32)
     targets = tokens_bt[:, start + 1:]
-    if top_k > 0 or top_p < 1 or min_p > 0:
-        cut = truncate_logits(jax.lax.stop_gradient(x), top_k, top_p, top_p < 1, min_p)
-        is_target = jnp.arange(x.shape[-1]) == targets[..., None]  # fused, never materialised
-        x = jnp.where(is_target | (cut > _NEG_INF), x, _NEG_INF)
-    logp_btv = jax.nn.log_softmax(x, axis=-1)
+    logp_btv = truncated_log_softmax(logits_btv[:, :-1], targets, top_k, top_p, min_p)
     logp_bt = jnp.take_along_axis(logp_btv, targets[..., None], axis=-1)[..., 0]
     p_btv = jnp.exp(logp_btv)
     # 0 * -inf is NaN: cut tokens add 0 (and no NaN reaches the backward pass either).
