@@ -10,6 +10,10 @@ of their score difference a tie (a paired bootstrap: the grader scores every sub
 same 64 resamples of the split's rows, `GradeReport.score_boot`), so the bonus ranks only what
 the reward split can resolve.
 
+Measured (docs/sweep_ties/results.md): on titanic-survival the policy concentrated on GaussianNB
+as before and the pick lost on two seeds instead of one; on food-reviews the reward gain was
++1.16 against the default's +1.78. Not adopted.
+
 Launch (resumes; ~8 min per run on 2 cores; in the learning checks' workdirs, to reuse the
 default's initial draws and compare with its rows there):
   python experiments/sweep.py --config configs/sweep_ties.py:/work/tasks/titanic-survival \
