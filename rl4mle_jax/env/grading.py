@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,10 +52,12 @@ ROW_SUM_ATOL = 1e-3
 # resamples of the split's rows, drawn from a seed fixed by (task, split, rows), so two
 # submissions of one task are scored on the same resamples and std(boot_a - boot_b) is the
 # standard error of their score difference (rl.advantages.valid_rank_bonus ties pairs within
-# it). Splits above BOOTSTRAP_MAX_ROWS get none (the cost is replicates x one metric call, and
-# the standard errors there are far below anything a rank could resolve).
+# it). The cost is replicates x one metric call: splits above BOOTSTRAP_MAX_ROWS, or whose one
+# metric call took long enough that the replicates would take over BOOTSTRAP_MAX_S (e.g. a
+# word-level metric on many long texts), get none (None: the grade itself is unchanged).
 BOOTSTRAP_REPLICATES = 64
 BOOTSTRAP_MAX_ROWS = 100_000
+BOOTSTRAP_MAX_S = 2.0
 _NAN_TEXT = {"", "nan", "na", "n/a", "null", "none", "<na>"}
 
 
@@ -298,6 +301,7 @@ def _score(task: Task, split: str, data: bytes, ans: pd.DataFrame
         _check_values(metric, y_pred, cols)
         if not metric.multi_column:
             y_true, y_pred = y_true[:, 0], y_pred[:, 0]
+    started = time.perf_counter()
     try:
         score = float(metric.fn(y_true, y_pred))
     except Exception as e:  # noqa: BLE001 - any metric failure is reported, never swallowed
@@ -307,7 +311,8 @@ def _score(task: Task, split: str, data: bytes, ans: pd.DataFrame
         raise SubmissionError("metric_error", f"{metric.name} gave a non-finite score {score}")
     n = len(ans)
     boot = None
-    if 2 <= n <= BOOTSTRAP_MAX_ROWS:
+    one_call_s = time.perf_counter() - started
+    if 2 <= n <= BOOTSTRAP_MAX_ROWS and one_call_s * BOOTSTRAP_REPLICATES <= BOOTSTRAP_MAX_S:
         boot = bootstrap_scores(metric, np.asarray(y_true), np.asarray(y_pred),
                                 bootstrap_rows(task.id, split, n))
     return score, n, boot

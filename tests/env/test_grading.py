@@ -297,6 +297,13 @@ def test_score_boot_is_a_paired_bootstrap(tmp_path):
     assert any(lone) and not all(lone)
     assert all(np.isnan(g) == lo for g, lo in zip(got, lone))
     assert all(g == 1.0 for g, lo in zip(got, lone) if not lo)
+    # Too costly (replicates x one call over the time cap) or too many rows: valid, no replicates.
+    import rl4mle_jax.env.grading as grading_lib
+    for cap in ("BOOTSTRAP_MAX_S", "BOOTSTRAP_MAX_ROWS"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(grading_lib, cap, 0)
+            r = grade(task, write(tmp_path, a, "d.csv"), split="test")
+        assert r.valid and r.score == ra.score and r.score_boot is None, cap
     # Invalid: no replicates.
     bad = grade(task, write(tmp_path, a.assign(y="x"), "c.csv"), split="test")
     assert not bad.valid and bad.score_boot is None
