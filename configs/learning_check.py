@@ -5,8 +5,8 @@ Launch (resumes; ~8 min per run on 2 cores):
   python experiments/sweep.py --config configs/learning_check.py --workdir workdirs/learning_check
   python experiments/sweep.py --config configs/learning_check.py:synthetic-tradeoff \
       --workdir workdirs/learning_check_tradeoff
-On tasks no setting was chosen on (docs/learning_check/results_{titanic,diamonds,leaf}.md; a task
-directory goes where the task id goes):
+On tasks no setting was chosen on (docs/learning_check/results_{titanic,diamonds,leaf,email}.md;
+a task directory goes where the task id goes):
   python scripts/make_titanic_task.py /work/tasks/titanic-survival
   python experiments/sweep.py --config configs/learning_check.py:/work/tasks/titanic-survival \
       --workdir workdirs/lc_titanic
@@ -14,6 +14,8 @@ directory goes where the task id goes):
       --workdir workdirs/lc_diamonds
   python experiments/sweep.py --config configs/learning_check.py:leaf-species \
       --workdir workdirs/lc_leaf
+  python experiments/sweep.py --config configs/learning_check.py:email-spam \
+      --workdir workdirs/lc_email
 
 results.md gets, per seed, the first vs last quarter batch reward, the best-of-N valid rate and
 the test pick before vs after RL (rl4mle_jax.study.learning_table).
