@@ -209,6 +209,14 @@ def paired_se(boot_a: list[float] | None, boot_b: list[float] | None) -> float |
     return float(np.std(d, ddof=1)) if d.size >= MIN_PAIRED_REPLICATES else None
 
 
+def mean_se(ses: list[float | None]) -> float | None:
+    """Standard error of a mean over independent runs from each run's own: the root of the
+    summed variances over the count (None when any run lacks one, or there are none)."""
+    if not ses or any(x is None for x in ses):
+        return None
+    return float(np.sqrt(np.sum(np.square(ses)))) / len(ses)
+
+
 def _pick(ev: dict[str, Any] | None, key: str) -> Any:
     return None if not ev else (ev.get("pick") or {}).get(key)
 
@@ -379,11 +387,7 @@ def learning_table(study: dict[str, list[Run]]) -> str:
             xs = [c[k] for c in checks if c[k] is not None]
             gains[k] = float(np.mean(xs)) if xs else None
         met = all(gains[k] is not None and gains[k] >= goal for k, goal in LEARNING_GOALS.items())
-        ses = [c["test_gain_se"] for c in checks if c["test_gain"] is not None]
-        # The mean's standard error on the test split, where every run has one (runs are
-        # independent: the root of the summed variances over the count).
-        test_se = (float(np.sqrt(np.sum(np.square(ses)))) / len(ses)
-                   if ses and None not in ses else None)
+        test_se = mean_se([c["test_gain_se"] for c in checks if c["test_gain"] is not None])
         means.append(f"| {variant} | {len(checks)} | " + " | ".join(
             fmt_value(gains[k], 4 if k == "test_gain" else 3, True)
             + (f" ± {test_se:.4f}" if k == "test_gain" and test_se is not None else "")

@@ -77,12 +77,9 @@ def main(argv):
         print(f"{run_dir}: test pick {t0} -> {t1}, change "
               f"{study.fmt_value(gain, 4, True)} ± {study.fmt_value(se, 4)} ({how})")
     gains = [g for g, _ in rows if g is not None]
-    ses = [s for g, s in rows if g is not None]
     if gains:
-        mean_se = (float(np.sqrt(np.sum(np.square(ses)))) / len(ses)
-                   if None not in ses else None)
-        print(f"mean over {len(gains)} runs: {np.mean(gains):+.4f} ± "
-              f"{study.fmt_value(mean_se, 4)}")
+        se = study.mean_se([s for g, s in rows if g is not None])
+        print(f"mean over {len(gains)} runs: {np.mean(gains):+.4f} ± {study.fmt_value(se, 4)}")
 
 
 if __name__ == "__main__":
