@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from rl4mle_jax import models, run_config, sharding
 from rl4mle_jax.env import prompts as prompts_lib
-from rl4mle_jax.env.reward import RewardConfig
+from rl4mle_jax.env.reward import RewardConfig, normalise_score
 from rl4mle_jax.env.sandbox import Sandbox
 from rl4mle_jax.env.validate import validate_task
 from rl4mle_jax.models.tokenizer import load_tokenizer
@@ -178,6 +178,8 @@ def build_components(config: Any, workdir: Path) -> Components:
                          "own id (task.json)")
     if len(tasks) > 1:
         _check_multitask_reward(tasks, sections["reward"])
+    for t in tasks:
+        _check_valid_beats_failure(t, sections["reward"])
     task = tasks[0]
     sandboxes = [Sandbox(**sections["env"].sandbox_kwargs(t.timeout_s)) for t in tasks]
     sandbox = sandboxes[0]
@@ -233,6 +235,23 @@ def build_components(config: Any, workdir: Path) -> Components:
                                                  episode_cfg=episode_cfg(box.limits.timeout_s))
                        for t, box, ctx in zip(tasks, sandboxes, contexts)}
     return comps
+
+
+def _check_valid_beats_failure(task: Any, reward: RewardConfig) -> None:
+    """Warn where the task's own baseline, a valid submission, would be rewarded no better than
+    a failure with every milestone (e.g. an RMSE of 22.8 flipped to -22.8 against -9.4): the
+    policy would learn to fail. "auto" and "rescaled" put such a task on its references."""
+    base = ((task.reference_scores or {}).get("reward") or {}).get(reward.baseline_key)
+    if base is None:
+        return
+    value, used = normalise_score(float(base), task.direction,
+                                  task.reference_scores.get("reward") or {}, reward)
+    best_failure = reward.failure_reward + reward.milestone_reward * len(reward.milestones)
+    if value <= best_failure:
+        log.warning("task %s: its baseline (%s %.4g on the reward split) gets reward %.3g under "
+                    "config.reward.normalisation=%r (%s), no more than a failure's %.3g: the "
+                    "policy would learn to fail; use 'auto' or 'rescaled'", task.id, task.metric,
+                    base, value, reward.normalisation, used, best_failure)
 
 
 def _check_multitask_reward(tasks: list[Any], reward: RewardConfig) -> None:

@@ -42,10 +42,14 @@ CHANGED = {
              "learner.critic": "none", "learner.advantage_estimator": "rloo",
              # entropy minimisation: the trained batches' failure floor (docs/sweep_entropy),
              # at the confident positions only since docs/sweep_gate
-             "learner.entropy_coef": -2.0, "learner.entropy_gate": 0.9, "run.rank_bonus": 1.0},
+             "learner.entropy_coef": -2.0, "learner.entropy_gate": 0.9, "run.rank_bonus": 1.0,
+             # flipped paid hotel-rates' valid programs (RMSE ~23) less than a failure; "auto"
+             # is flipped on every task whose baseline scores within 1 of 0 (README)
+             "reward.normalisation": "auto"},
     "ablations": {"base.run.slots": 12, "base.learner.critic": "none",
                   "base.learner.advantage_estimator": "rloo", "base.learner.entropy_coef": -2.0,
-                  "base.learner.entropy_gate": 0.9, "base.run.rank_bonus": 1.0},
+                  "base.learner.entropy_gate": 0.9, "base.run.rank_bonus": 1.0,
+                  "base.reward.normalisation": "auto"},
 }
 for _name, _values in CHANGED.items():
     FROZEN[_name].update(_values)
@@ -330,3 +334,30 @@ def test_sweep_configs_give_valid_runs(name):
             cfg.seed = int(seed)
             cfg.mesh.data = 1  # the sweeps run on one device; the tests have 8
             validate_config(cfg)
+
+
+def test_a_reward_that_pays_valid_programs_less_than_failures_is_named(caplog):
+    """Flipped, hotel-rates' baseline RMSE (~23) is paid -23, below a failure with every
+    milestone (-9.4): build_components warns and names the fix; auto and rescaled do not."""
+    import logging
+    import types
+
+    from rl4mle_jax import components
+    from rl4mle_jax.env.reward import RewardConfig
+
+    task = types.SimpleNamespace(id="hotel-rates", metric="rmse", direction="lower",
+                                 reference_scores={"reward": {"baseline": 22.77,
+                                                              "strong": 14.30}})
+    with caplog.at_level(logging.WARNING, logger=components.log.name):
+        components._check_valid_beats_failure(task, RewardConfig())
+    assert "hotel-rates" in caplog.text and "learn to fail" in caplog.text, caplog.text
+    for norm in ("auto", "rescaled"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=components.log.name):
+            components._check_valid_beats_failure(task, RewardConfig(normalisation=norm))
+        assert not caplog.text, (norm, caplog.text)
+    auc = types.SimpleNamespace(id="t", metric="auc", direction="higher",
+                                reference_scores={"reward": {"baseline": 0.86}})
+    with caplog.at_level(logging.WARNING, logger=components.log.name):
+        components._check_valid_beats_failure(auc, RewardConfig())
+    assert not caplog.text

@@ -42,7 +42,12 @@ from rl4mle_jax.env.instrument_static import MILESTONES
 from rl4mle_jax.env.metrics import oriented_score
 from rl4mle_jax.env.tracebacks import parse_error
 
-NORMALISATIONS = ("raw", "flipped", "rescaled")
+NORMALISATIONS = ("raw", "flipped", "rescaled", "auto")
+# "auto": the paper's flipped score where the task's baseline scores within this of 0 (AUC,
+# accuracy, log loss, RMSLE: a valid program's reward stays far above a failure's -10);
+# rescaled against the references where it does not (an RMSE of 22.8 in a price's units,
+# flipped, would pay a valid program -22.8, less than a failure).
+AUTO_FLIPPED_MAX_ABS = 1.0
 # Where milestone credit comes from: "witness" (a printed marker with the nonce that the
 # witness corroborates; markers alone when no witness ran), "markers" (the paper's rule: printed
 # markers with the nonce, no corroboration; forgeable, kept for reproducing the paper).
@@ -57,7 +62,9 @@ class RewardConfig:
     milestone_reward: float = 0.1
     no_training_reward: float = -10.0
     milestones: tuple[str, ...] = MILESTONES
-    normalisation: str = "flipped"  # raw | flipped (sign flipped when lower is better) | rescaled
+    # raw | flipped (sign flipped when lower is better) | rescaled | auto (flipped, or rescaled
+    # where the task's baseline score is over AUTO_FLIPPED_MAX_ABS in size)
+    normalisation: str = "flipped"
     baseline_key: str = "baseline"  # reference_scores names used by "rescaled"
     strong_key: str = "strong"
     require_training: bool = True
@@ -134,11 +141,15 @@ def normalise_score(score: float, direction: str, refs: dict, cfg: RewardConfig
     if cfg.normalisation == "flipped":
         return sign * score, "flipped"
     base = refs.get(cfg.baseline_key)
+    if cfg.normalisation == "auto" and (base is None or abs(base) <= AUTO_FLIPPED_MAX_ABS):
+        return sign * score, "flipped (auto)" if base is not None else \
+            "flipped (auto, no reference scores)"
     if base is None:
         return sign * score, "flipped (no reference scores)"
     strong = refs.get(cfg.strong_key)
     scale = abs(strong - base) if strong is not None and strong != base else max(abs(base), 1e-8)
-    return sign * (score - base) / scale, "rescaled"
+    return sign * (score - base) / scale, "rescaled (auto)" if cfg.normalisation == "auto" \
+        else "rescaled"
 
 
 def reward_replicates(records: Sequence[dict | None], cfg: RewardConfig) -> np.ndarray | None:

@@ -78,6 +78,28 @@ def test_rescaled_against_reference_scores():
         normalise_score(1.0, "up", {}, cfg)
 
 
+def test_auto_keeps_the_paper_flip_unless_the_baseline_is_large():
+    """"auto": flipped where the baseline scores within AUTO_FLIPPED_MAX_ABS of 0, rescaled
+    where not, so a valid submission is never paid less than a failure for its units."""
+    from rl4mle_jax.env.reward import AUTO_FLIPPED_MAX_ABS
+    cfg = RewardConfig(normalisation="auto")
+    assert AUTO_FLIPPED_MAX_ABS == 1.0
+    auc = {"baseline": 0.86, "strong": 0.87}
+    assert normalise_score(0.88, "higher", auc, cfg) == (0.88, "flipped (auto)")
+    assert normalise_score(0.35, "lower", {"baseline": 0.348}, cfg) == (-0.35, "flipped (auto)")
+    assert normalise_score(3.0, "lower", {}, cfg) == (-3.0, "flipped (auto, no reference scores)")
+    rmse = {"baseline": 22.77, "strong": 14.30}
+    value, used = normalise_score(15.0, "lower", rmse, cfg)
+    assert used == "rescaled (auto)" and value == pytest.approx((22.77 - 15.0) / 8.47)
+    assert value == pytest.approx(normalise_score(15.0, "lower", rmse, RewardConfig(
+        normalisation="rescaled"))[0])
+    # Flipped, the same valid program would be paid less than any failure.
+    assert normalise_score(15.0, "lower", rmse, RewardConfig())[0] < RewardConfig().failure_reward
+    rec = _reward(grade=_grade(score=15.0, direction="lower", refs=rmse), cfg=cfg)
+    assert rec.status == "valid" and rec.reward == pytest.approx(value)
+    assert rec.normalisation == "rescaled (auto)"
+
+
 @pytest.mark.parametrize("norm", ["raw", "flipped", "rescaled"])
 def test_reward_replicates_are_the_grader_replicates_in_the_reward_scale(norm):
     """Each valid record's `grade.score_boot` through the same normalisation as its reward (so
