@@ -313,5 +313,15 @@ def compute_reward(action: Action | None, program: InstrumentedProgram | None, e
     rec.score = score
     rec.normalised_score, rec.normalisation = normalise_score(score, rec.direction, refs, cfg)
     rec.status, rec.reward = "valid", rec.normalised_score
+    if cfg.normalisation == "auto":  # never below a failure with every milestone
+        rec.reward = max(rec.reward, valid_floor(cfg))
     return rec
+
+
+def valid_floor(cfg: RewardConfig) -> float:
+    """The least a valid submission is paid under "auto": what a failure that reached every
+    milestone gets (a valid run reached them all). An unbounded loss (an RMSE of 1e12 from a
+    program that predicts garbage) would otherwise outweigh a whole batch; normalised_score
+    keeps the unclipped value."""
+    return cfg.failure_reward + cfg.milestone_reward * len(cfg.milestones)
 

@@ -98,6 +98,14 @@ def test_auto_keeps_the_paper_flip_unless_the_baseline_is_large():
     rec = _reward(grade=_grade(score=15.0, direction="lower", refs=rmse), cfg=cfg)
     assert rec.status == "valid" and rec.reward == pytest.approx(value)
     assert rec.normalisation == "rescaled (auto)"
+    # A valid program predicting garbage (RMSE 1e12) is paid no less than a failure with every
+    # milestone under "auto" (the paper's flipped keeps the raw value); the record keeps both.
+    from rl4mle_jax.env.reward import valid_floor
+    huge = _reward(grade=_grade(score=1e12, direction="lower", refs=rmse), cfg=cfg)
+    assert valid_floor(cfg) == pytest.approx(-10 + 0.1 * 6)
+    assert huge.reward == pytest.approx(valid_floor(cfg)) and huge.normalised_score < -1e10
+    flipped = _reward(grade=_grade(score=1e12, direction="lower", refs=rmse))
+    assert flipped.reward == pytest.approx(-1e12)
 
 
 @pytest.mark.parametrize("norm", ["raw", "flipped", "rescaled"])
