@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from rl4mle_jax import models, run_config, sharding
 from rl4mle_jax.env import prompts as prompts_lib
-from rl4mle_jax.env.reward import RewardConfig, normalise_score
+from rl4mle_jax.env.reward import RewardConfig, normalise_score, valid_floor
 from rl4mle_jax.env.sandbox import Sandbox
 from rl4mle_jax.env.validate import validate_task
 from rl4mle_jax.models.tokenizer import load_tokenizer
@@ -241,12 +241,12 @@ def _check_valid_beats_failure(task: Any, reward: RewardConfig) -> None:
     """Warn where the task's own baseline, a valid submission, would be rewarded no better than
     a failure with every milestone (e.g. an RMSE of 22.8 flipped to -22.8 against -9.4): the
     policy would learn to fail. "auto" and "rescaled" put such a task on its references."""
-    base = ((task.reference_scores or {}).get("reward") or {}).get(reward.baseline_key)
+    refs = (task.reference_scores or {}).get("reward") or {}
+    base = refs.get(reward.baseline_key)
     if base is None:
         return
-    value, used = normalise_score(float(base), task.direction,
-                                  task.reference_scores.get("reward") or {}, reward)
-    best_failure = reward.failure_reward + reward.milestone_reward * len(reward.milestones)
+    value, used = normalise_score(float(base), task.direction, refs, reward)
+    best_failure = valid_floor(reward)  # a failure that reached every milestone
     if value <= best_failure:
         log.warning("task %s: its baseline (%s %.4g on the reward split) gets reward %.3g under "
                     "config.reward.normalisation=%r (%s), no more than a failure's %.3g: the "
