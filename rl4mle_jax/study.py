@@ -399,6 +399,59 @@ def learning_table(study: dict[str, list[Run]]) -> str:
     return "\n".join(lines)
 
 
+
+def run_task(run: Run) -> str:
+    """The task a run trained on (its config.json: `task`, or `tasks` for a multi-task run)."""
+    cfg = run.config or {}
+    return str(cfg.get("tasks") or cfg.get("task") or "?")
+
+
+def pooled_learning_table(groups: dict[str, list[Run]]) -> str:
+    """Markdown: the learning checks of several studies side by side (one row per group, e.g.
+    one task's seeds), then all their runs pooled. Per group, the mean over its runs of each
+    goal's quantity and whether it meets the goal; pooled, the mean ± its standard error over
+    runs (sample std / sqrt(n)), how many runs meet each goal, and how many test picks got
+    worse / stayed / got better."""
+    goals = list(LEARNING_GOALS)
+    head = ("| group | runs | steps | reward gain (goal >= 2.0) | valid gain (goal >= 0.25) | "
+            "test gain (goal >= 0) | goals met |")
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    pooled: list[dict[str, Any]] = []
+    for name, runs in groups.items():
+        checks = [learning_check(r) for r in runs]
+        pooled += checks
+        means = {k: _mean([c[k] for c in checks]) for k in ["steps", *goals]}
+        met = sum(means[k] is not None and means[k] >= LEARNING_GOALS[k] for k in goals)
+        cells = [fmt_value(means["steps"], 1)] + [
+            fmt_value(means[k], 4 if k == "test_gain" else 2, True) for k in goals]
+        lines.append(f"| {name} | {len(checks)} | " + " | ".join(cells)
+                     + f" | {met} of {len(goals)} |")
+    if not pooled:
+        return "\n".join(lines)
+    cells, met = [], 0
+    for k in ["steps", *goals]:
+        xs = [float(c[k]) for c in pooled if c[k] is not None]
+        m = _mean(xs)
+        se = float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else None
+        nd = 4 if k == "test_gain" else (1 if k == "steps" else 2)
+        cell = fmt_value(m, nd, k != "steps") + ("" if se is None else f" ± {se:.{nd}f}")
+        if k in LEARNING_GOALS:
+            met += m is not None and m >= LEARNING_GOALS[k]
+            cell += f" ({sum(x >= LEARNING_GOALS[k] for x in xs)} of {len(xs)} runs meet it)"
+        cells.append(cell)
+    t = [c["test_gain"] for c in pooled if c["test_gain"] is not None]
+    lines.append(f"| **all** | {len(pooled)} | " + " | ".join(cells) + f" | {met} of "
+                 f"{len(goals)} |")
+    lines += ["", f"Test pick over the {len(t)} runs with both picks: worse on "
+              f"{sum(x < 0 for x in t)}, the same on {sum(x == 0 for x in t)}, better on "
+              f"{sum(x > 0 for x in t)}."]
+    return "\n".join(lines)
+
+
+def _mean(xs: list[Any]) -> float | None:
+    xs = [float(x) for x in xs if x is not None]
+    return float(np.mean(xs)) if xs else None
+
 # ---------------------------------------------------------------- results page
 def run_command(script: str, argv: list[str], drop: tuple[str, ...] = ()) -> str:
     """The command that makes (or resumes) a study's runs: `script` with `argv`, without the

@@ -1,6 +1,8 @@
 """Study readers: bands across seeds, Δt of trained episodes, the ablation table."""
 
+import importlib.util
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -284,3 +286,69 @@ def test_arrival_bias_replays_what_the_loop_counted(tmp_path):
     for b in nothing_lost["buckets"]:  # only the failed episode is lost: q̄ = 32/33
         assert b["inclusion"] == pytest.approx((b["trained"] + 2 * 32 / 33) / (b["started"] + 2))
     assert abs(nothing_lost["slope"]) < 0.1
+
+
+def _check_run(wd, rewards, valid, test, task, direction="higher"):
+    _write_run(wd, rewards, [10.0 * (i + 1) for i in range(len(rewards))],
+               final={"n": 32, "direction": direction, "valid_rate": valid[1],
+                      "pick": {"test_score": test[1]}})
+    (wd / "eval_initial.json").write_text(json.dumps(
+        {"n": 32, "direction": direction, "valid_rate": valid[0],
+         "pick": {"test_score": test[0]}}))
+    (wd / "config.json").write_text(json.dumps({"task": task}))
+
+
+def test_pooled_learning_table_against_numpy(tmp_path):
+    """Per study the means over its seeds; pooled, the mean ± sample std / sqrt(n) over every
+    run and how many runs meet each goal; a lower-is-better task's pick change is oriented."""
+    rng = np.random.default_rng(3)
+    rows = []  # (reward gain, valid gain, test gain) per run
+    for root, task, direction in (("a", "/x/food-reviews", "higher"),
+                                  ("b", "/y/leaf-species", "lower")):
+        for seed in range(3):
+            r = rng.normal(-3, 1, 8) + np.linspace(0, rng.uniform(0, 4), 8)
+            v0, v1 = rng.choice([0.5, 0.625, 0.75], 2)
+            t0, t1 = (0.8, 0.8 + rng.choice([-0.01, 0.0, 0.02]))
+            _check_run(tmp_path / root / "default" / f"seed{seed}", r.tolist(), (v0, v1),
+                       (t0, t1), task, direction)
+            sign = 1.0 if direction == "higher" else -1.0
+            rows.append((r[-2:].mean() - r[:2].mean(), v1 - v0, sign * (t1 - t0)))
+    groups = {k: st.load_study(tmp_path / k)["default"] for k in ("a", "b")}
+    assert st.run_task(groups["b"][0]) == "/y/leaf-species"
+    table = st.pooled_learning_table(groups)
+    rows = np.array(rows)
+    for i, name in enumerate(("a", "b")):
+        m = rows[3 * i:3 * i + 3].mean(0)
+        met = int(m[0] >= 2.0) + int(m[1] >= 0.25) + int(m[2] >= 0)
+        assert (f"| {name} | 3 | 8.0 | {m[0]:+.2f} | {m[1]:+.2f} | {m[2]:+.4f} | {met} of 3 |"
+                in table), table
+    m, se = rows.mean(0), rows.std(0, ddof=1) / np.sqrt(6)
+    meet = [(rows[:, j] >= g).sum() for j, g in enumerate((2.0, 0.25, 0.0))]
+    assert f"| {m[0]:+.2f} ± {se[0]:.2f} ({meet[0]} of 6 runs meet it) |" in table, table
+    assert f"{m[2]:+.4f} ± {se[2]:.4f} ({meet[2]} of 6 runs meet it)" in table, table
+    t = rows[:, 2]
+    assert (f"worse on {(t < 0).sum()}, the same on {(t == 0).sum()}, better on "
+            f"{(t > 0).sum()}.") in table, table
+
+
+def test_learning_summary_script_groups_by_root_and_skips_unfinished(tmp_path, capsys):
+    path = Path(__file__).resolve().parents[1] / "scripts" / "learning_summary.py"
+    spec = importlib.util.spec_from_file_location("learning_summary", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for root in ("r1", "r2"):  # one task, two roots: two rows, never merged
+        for seed in (0, 1):
+            _check_run(tmp_path / root / "default" / f"seed{seed}", [-4.0, -1.0],
+                       (0.5, 0.75), (0.8, 0.8), "food-reviews")
+    _check_run(tmp_path / "r1" / "other" / "seed0", [-4.0, -1.0], (0.5, 0.75), (0.8, 0.8),
+               "food-reviews")
+    (tmp_path / "r2" / "default" / "seed1" / "eval_final.json").unlink()  # still running
+    groups = script.groups_of([str(tmp_path / "r1") + ":default", str(tmp_path / "r2")])
+    assert {k: len(v) for k, v in groups.items()} == {
+        "food-reviews (default, r1)": 2, "food-reviews (default, r2)": 1}
+    assert "unfinished" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="no variant 'nope'"):
+        script.groups_of([str(tmp_path / "r1") + ":nope"])
+    script.main([str(tmp_path / "r1")])
+    out = capsys.readouterr().out
+    assert "| food-reviews (other, r1) | 1 |" in out and "| **all** | 3 |" in out
