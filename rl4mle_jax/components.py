@@ -16,8 +16,10 @@ import jax.numpy as jnp
 
 from rl4mle_jax import models, run_config, sharding
 from rl4mle_jax.env import prompts as prompts_lib
+from rl4mle_jax.env.baselines import ensure_reference_scores
 from rl4mle_jax.env.reward import RewardConfig, normalise_score, valid_floor
 from rl4mle_jax.env.sandbox import Sandbox
+from rl4mle_jax.env.tasks import default_data_root
 from rl4mle_jax.env.validate import validate_task
 from rl4mle_jax.models.tokenizer import load_tokenizer
 from rl4mle_jax.rollout.episode import EpisodeConfig
@@ -176,13 +178,23 @@ def build_components(config: Any, workdir: Path) -> Components:
     if len(set(ids)) != len(ids):
         raise ValueError(f"config.tasks: {names} load as task ids {ids}; each task needs its "
                          "own id (task.json)")
+    sandboxes = [Sandbox(**sections["env"].sandbox_kwargs(t.timeout_s)) for t in tasks]
+    sandbox = sandboxes[0]
+    # A task directory without reference scores gets its generated baseline and strong
+    # solutions' (the reward's "auto" scale and the report's comparison need them).
+    ref_cache = Path(data_root).expanduser() if data_root else default_data_root()
+    for t, box in zip(tasks, sandboxes):
+        if not ensure_reference_scores(t, box, ref_cache / "_references", log.info):
+            log.warning("task %s: no reward-split baseline score (task.json reference_scores), "
+                        "and its generated baseline solution did not score either: under "
+                        "reward.normalisation='auto' a valid score is paid as the paper's "
+                        "flipped score (at least a failure's with every milestone); run "
+                        "`python -m rl4mle_jax.env calibrate DIR --write`", t.id)
     if len(tasks) > 1:
         _check_multitask_reward(tasks, sections["reward"])
     for t in tasks:
         _check_valid_beats_failure(t, sections["reward"])
     task = tasks[0]
-    sandboxes = [Sandbox(**sections["env"].sandbox_kwargs(t.timeout_s)) for t in tasks]
-    sandbox = sandboxes[0]
     timeout_s = sandbox.limits.timeout_s
     # What the prompt lists as installed is probed inside the sandbox the programs run in.
     libraries = sorted(prompts_lib.probe_libraries(sandbox, input_dir=task.input_dir("reward")))

@@ -306,3 +306,65 @@ def test_reward_view_follows_the_public_files(own_tasks, tmp_path):
     (root / "public" / "notes.txt").write_text("extra file")
     assert (load_task(root, data_root=data).input_dir("reward") / "notes.txt").read_text() == \
         "extra file"
+
+
+def test_a_task_without_references_gets_its_generated_ones_measured_once(own_tasks, tmp_path,
+                                                                          monkeypatch):
+    """An uncalibrated directory (RMSE in the target's units) gets the scores of its generated
+    baseline and strong solutions on both splits, in memory, cached by content; the reward's
+    "auto" scale then rescales against them instead of paying the flipped RMSE."""
+    from rl4mle_jax.env import baselines
+    from rl4mle_jax.env.execute import default_sandbox
+    from rl4mle_jax.env.reward import RewardConfig, normalise_score
+
+    tasks, data = own_tasks
+    root = tasks["boston"]
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
+    task = load_task(root, data_root=data)
+    assert not task.reference_scores
+    logs, cache = [], tmp_path / "refs"
+    assert baselines.ensure_reference_scores(task, default_sandbox(task.timeout_s), cache,
+                                             logs.append)
+    refs = task.reference_scores
+    assert set(refs) == {"reward", "test"} and all(set(v) == {"baseline", "strong"}
+                                                   for v in refs.values()), refs
+    assert all(1.0 < v < 15.0 for v in refs["test"].values()), refs  # RMSE of medv ($1000s)
+    assert "measured in" in logs[-1] and "calibrate" in logs[-1]
+    value, used = normalise_score(refs["reward"]["baseline"], "lower", refs["reward"],
+                                  RewardConfig(normalisation="auto"))
+    assert used == "rescaled (auto)" and value == 0.0
+    # Cached: a second load measures nothing; references the task has are kept over measured.
+    monkeypatch.setattr(baselines, "run_baseline", lambda *a, **k: pytest.fail("re-measured"))
+    again = load_task(root, data_root=data)
+    again.reference_scores = {"test": {"baseline": 4.5, "human": 2.0}}
+    assert baselines.ensure_reference_scores(again, None, cache, logs.append)
+    assert "cached in" in logs[-1]
+    assert again.reference_scores == {"reward": refs["reward"], "test": {
+        "baseline": 4.5, "human": 2.0, "strong": refs["test"]["strong"]}}
+    # A task with a reward-split baseline is left alone; the user's directory is untouched.
+    assert baselines.ensure_reference_scores(again, None, tmp_path / "none", logs.append)
+    assert not (tmp_path / "none").exists()
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
+
+
+def test_references_that_cannot_be_measured_are_named_and_the_run_goes_on(own_tasks, tmp_path,
+                                                                           monkeypatch):
+    from types import SimpleNamespace
+
+    from rl4mle_jax.env import baselines
+
+    tasks, data = own_tasks
+    task, logs = load_task(tasks["cancer"], data_root=data), []
+    failed = SimpleNamespace(grade=None, reward=SimpleNamespace(failure_reason="timeout"))
+    monkeypatch.setattr(baselines, "run_baseline", lambda *a, **k: failed)
+    assert not baselines.ensure_reference_scores(task, None, tmp_path, logs.append)
+    assert sum("generated baseline solution failed on the reward split (timeout)" in m
+               for m in logs) == 1 and task.reference_scores == {"reward": {}, "test": {}}
+
+    def unprofiled(*a, **k):
+        raise ValueError("no numeric column")
+
+    monkeypatch.setattr(baselines, "reference_code", unprofiled)
+    other = load_task(tasks["cancer"], data_root=data)
+    assert not baselines.ensure_reference_scores(other, None, tmp_path / "x", logs.append)
+    assert "no reference solutions could be generated" in logs[-1] and "no numeric" in logs[-1]

@@ -7,6 +7,12 @@ Each ``<task_id with _>_<kind>.py`` is a script an agent could have written: it 
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 BASELINE_DIR = Path(__file__).resolve().parent
@@ -66,3 +72,64 @@ def measure_reference(task, kinds: list[str] | None = None, sandbox=None) -> dic
             scores[split][kind] = round(rep.score, 6)
             runtime[split][kind] = round(run.duration_s, 2)
     return dict(scores=scores, runtime_s=runtime)
+
+
+def ensure_reference_scores(task, sandbox, cache_dir: str | os.PathLike,
+                            log: Callable[[str], None] = lambda s: None) -> bool:
+    """Give a task that has no reward-split baseline score (a task directory never calibrated)
+    the scores of its baseline and strong solutions on both splits, measured once and cached.
+
+    The reward's "auto" and "rescaled" normalisations place a valid score against these
+    references (an RMSE of 23 in a price's units, left flipped, is paid no more than a failure),
+    and report.md places the pick against them. The scores go into `task.reference_scores` in
+    memory only, under any the task already has; `python -m rl4mle_jax.env calibrate DIR
+    --write` records them in its task.json. The cache key covers the task's content, its test
+    answers and the two programs' code, so a changed task or generator measures afresh. A
+    solution that fails is logged and left out. Returns whether the task now has a reward-split
+    baseline."""
+    from rl4mle_jax.env.datasets.splits import sha256_file_cached
+
+    def has_baseline() -> bool:
+        return (task.reference_scores or {}).get("reward", {}).get("baseline") is not None
+
+    if has_baseline():
+        return True
+    try:
+        codes = {kind: reference_code(task, kind) for kind in KINDS}
+    except Exception as e:  # noqa: BLE001 - data the generator cannot profile: run without
+        log(f"task {task.id}: no reference solutions could be generated for its data "
+            f"({type(e).__name__}: {e})")
+        return False
+    key = hashlib.sha256(json.dumps(
+        [task.fingerprint()["digest"], sha256_file_cached(task.answers_path("test")), codes,
+         task.timeout_s]).encode()).hexdigest()[:16]
+    path = Path(cache_dir) / f"{task.id}-{key}.json"
+    try:
+        measured = json.loads(path.read_text())
+        how = f"cached in {path}"
+    except (FileNotFoundError, json.JSONDecodeError):
+        t0 = time.monotonic()
+        measured = {"reward": {}, "test": {}}
+        for kind in KINDS:
+            for split in ("reward", "test"):
+                run = run_baseline(task, kind, split, sandbox=sandbox)
+                rep = run.grade
+                if rep is not None and rep.valid and math.isfinite(rep.score):
+                    measured[split][kind] = round(float(rep.score), 6)
+                else:
+                    why = (f"{rep.reason}: {rep.message}" if rep is not None
+                           else run.reward.failure_reason)
+                    log(f"task {task.id}: its generated {kind} solution failed on the {split} "
+                        f"split ({why}); no {kind} reference score there")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(measured))
+        os.replace(tmp, path)
+        how = f"measured in {time.monotonic() - t0:.0f} s, cached in {path}"
+    given = task.reference_scores or {}
+    task.reference_scores = {split: {**measured.get(split, {}), **given.get(split, {})}
+                             for split in sorted({*measured, *given})}
+    log(f"task {task.id} has no reference scores in its task.json: those of its generated "
+        f"baseline and strong solutions ({how}) are used: {task.reference_scores}; `python -m "
+        f"rl4mle_jax.env calibrate {task.root} --write` records them")
+    return has_baseline()
