@@ -399,7 +399,6 @@ def learning_table(study: dict[str, list[Run]]) -> str:
     return "\n".join(lines)
 
 
-
 def run_task(run: Run) -> str:
     """The task a run trained on (its config.json: `task`, or `tasks` for a multi-task run)."""
     cfg = run.config or {}
@@ -451,6 +450,7 @@ def pooled_learning_table(groups: dict[str, list[Run]]) -> str:
 def _mean(xs: list[Any]) -> float | None:
     xs = [float(x) for x in xs if x is not None]
     return float(np.mean(xs)) if xs else None
+
 
 # ---------------------------------------------------------------- results page
 def run_command(script: str, argv: list[str], drop: tuple[str, ...] = ()) -> str:
