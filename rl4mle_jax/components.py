@@ -181,15 +181,19 @@ def build_components(config: Any, workdir: Path) -> Components:
     sandboxes = [Sandbox(**sections["env"].sandbox_kwargs(t.timeout_s)) for t in tasks]
     sandbox = sandboxes[0]
     # A task directory without reference scores gets its generated baseline and strong
-    # solutions' (the reward's "auto" scale and the report's comparison need them).
+    # solutions' where the reward's scale needs them ("auto", "rescaled"; the report places the
+    # pick against them too). The paper's "flipped" runs without, as before.
     ref_cache = Path(data_root).expanduser() if data_root else default_data_root()
+    needs_refs = sections["reward"].normalisation in ("auto", "rescaled")
     for t, box in zip(tasks, sandboxes):
-        if not ensure_reference_scores(t, box, ref_cache / "_references", log.info):
+        if needs_refs and not ensure_reference_scores(t, box, ref_cache / "_references",
+                                                      log.info):
             log.warning("task %s: no reward-split baseline score (task.json reference_scores), "
-                        "and its generated baseline solution did not score either: under "
-                        "reward.normalisation='auto' a valid score is paid as the paper's "
-                        "flipped score (at least a failure's with every milestone); run "
-                        "`python -m rl4mle_jax.env calibrate DIR --write`", t.id)
+                        "and its generated baseline solution did not score either: "
+                        "reward.normalisation=%r pays a valid score as the paper's flipped "
+                        "score (under 'auto', at least a failure's with every milestone); "
+                        "record references with `python -m rl4mle_jax.env calibrate DIR "
+                        "--write`", t.id, sections["reward"].normalisation)
     if len(tasks) > 1:
         _check_multitask_reward(tasks, sections["reward"])
     for t in tasks:
