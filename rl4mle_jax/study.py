@@ -405,6 +405,9 @@ def run_task(run: Run) -> str:
     return str(cfg.get("tasks") or cfg.get("task") or "?")
 
 
+_GOAL_DIGITS = {"reward_gain": 2, "valid_gain": 3, "test_gain": 4}  # as the goals are read
+
+
 def pooled_learning_table(groups: dict[str, list[Run]]) -> str:
     """Markdown: the learning checks of several studies side by side (one row per group, e.g.
     one task's seeds), then all their runs pooled. Per group, the mean over its runs of each
@@ -422,7 +425,7 @@ def pooled_learning_table(groups: dict[str, list[Run]]) -> str:
         means = {k: _mean([c[k] for c in checks]) for k in ["steps", *goals]}
         met = sum(means[k] is not None and means[k] >= LEARNING_GOALS[k] for k in goals)
         cells = [fmt_value(means["steps"], 1)] + [
-            fmt_value(means[k], 4 if k == "test_gain" else 2, True) for k in goals]
+            fmt_value(means[k], _GOAL_DIGITS[k], True) for k in goals]
         lines.append(f"| {name} | {len(checks)} | " + " | ".join(cells)
                      + f" | {met} of {len(goals)} |")
     if not pooled:
@@ -432,7 +435,7 @@ def pooled_learning_table(groups: dict[str, list[Run]]) -> str:
         xs = [float(c[k]) for c in pooled if c[k] is not None]
         m = _mean(xs)
         se = float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else None
-        nd = 4 if k == "test_gain" else (1 if k == "steps" else 2)
+        nd = _GOAL_DIGITS.get(k, 1)
         cell = fmt_value(m, nd, k != "steps") + ("" if se is None else f" ± {se:.{nd}f}")
         if k in LEARNING_GOALS:
             met += m is not None and m >= LEARNING_GOALS[k]

@@ -320,11 +320,12 @@ def test_pooled_learning_table_against_numpy(tmp_path):
     for i, name in enumerate(("a", "b")):
         m = rows[3 * i:3 * i + 3].mean(0)
         met = int(m[0] >= 2.0) + int(m[1] >= 0.25) + int(m[2] >= 0)
-        assert (f"| {name} | 3 | 8.0 | {m[0]:+.2f} | {m[1]:+.2f} | {m[2]:+.4f} | {met} of 3 |"
+        assert (f"| {name} | 3 | 8.0 | {m[0]:+.2f} | {m[1]:+.3f} | {m[2]:+.4f} | {met} of 3 |"
                 in table), table
     m, se = rows.mean(0), rows.std(0, ddof=1) / np.sqrt(6)
     meet = [(rows[:, j] >= g).sum() for j, g in enumerate((2.0, 0.25, 0.0))]
     assert f"| {m[0]:+.2f} ± {se[0]:.2f} ({meet[0]} of 6 runs meet it) |" in table, table
+    assert f"{m[1]:+.3f} ± {se[1]:.3f} ({meet[1]} of 6 runs meet it)" in table, table
     assert f"{m[2]:+.4f} ± {se[2]:.4f} ({meet[2]} of 6 runs meet it)" in table, table
     t = rows[:, 2]
     assert (f"worse on {(t < 0).sum()}, the same on {(t == 0).sum()}, better on "
