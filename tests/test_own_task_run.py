@@ -60,7 +60,9 @@ def test_main_job_on_a_task_directory_and_a_changed_task_rebuilds(tmp_path):
     assert all(g["task_id"] == "my-cancer" and g["metric"] == "auc" for g in graded)
     # No reference scores in its task.json: its generated solutions' are measured and used.
     assert "my-cancer has no reference scores in its task.json" in first.stderr
-    assert graded and all(set(g["reference_scores"]) == {"baseline", "strong"} for g in graded)
+    assert all(set(g["reference_scores"]) == {"baseline", "strong"} for g in graded)
+    report = (tmp_path / "run1" / "report.md").read_text()
+    assert "| reward | " in report and "no reference scores" not in report, report
     assert "reference_scores" not in json.loads((task_dir / "task.json").read_text())
     (built,) = [p for p in cache.iterdir() if p.name.startswith("warmstart-")]
     stats = json.loads((built / "stats.json").read_text())
