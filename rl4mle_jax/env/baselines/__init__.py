@@ -85,8 +85,9 @@ def ensure_reference_scores(task, sandbox, cache_dir: str | os.PathLike,
     memory only, under any the task already has; `python -m rl4mle_jax.env calibrate DIR
     --write` records them in its task.json. The cache key covers the task's content, its test
     answers and the two programs' code, so a changed task or generator measures afresh. A
-    solution that fails is logged and left out. Returns whether the task now has a reward-split
-    baseline."""
+    solution that fails is logged and left out; the cache keeps that outcome too (each run
+    would otherwise pay the failure again), so delete the file the log names to measure anew.
+    Returns whether the task now has a reward-split baseline."""
     from rl4mle_jax.env.datasets.splits import sha256_file_cached
 
     def has_baseline() -> bool:
