@@ -63,15 +63,23 @@ def measure_reference(task, kinds: list[str] | None = None, sandbox=None) -> dic
     for kind in kinds or available(task.id) or list(KINDS):
         for split in ("reward", "test"):
             run = run_baseline(task, kind, split, sandbox=sandbox)
-            rep = run.grade
-            if rep is None or not rep.valid:
+            score, why = _graded_score(run)
+            if score is None:
                 stderr = (run.exec or {}).get("stderr", "")[-2000:]
-                why = f"{rep.reason}: {rep.message}" if rep is not None else \
-                    run.reward.failure_reason
                 raise RuntimeError(f"{task.id} {kind} on {split}: {why}\n{stderr}")
-            scores[split][kind] = round(rep.score, 6)
+            scores[split][kind] = score
             runtime[split][kind] = round(run.duration_s, 2)
     return dict(scores=scores, runtime_s=runtime)
+
+
+def _graded_score(run) -> tuple[float | None, str]:
+    """A baseline run's reference score (rounded to 6 places) and "", or None and why it has
+    none (the grader's reason, or the run's failure)."""
+    rep = run.grade
+    if rep is not None and rep.valid:
+        return round(float(rep.score), 6), ""
+    return None, (f"{rep.reason}: {rep.message}" if rep is not None
+                  else run.reward.failure_reason)
 
 
 def ensure_reference_scores(task, sandbox, cache_dir: str | os.PathLike,
@@ -113,13 +121,11 @@ def ensure_reference_scores(task, sandbox, cache_dir: str | os.PathLike,
         measured = {"reward": {}, "test": {}}
         for kind in KINDS:
             for split in ("reward", "test"):
-                run = run_baseline(task, kind, split, sandbox=sandbox)
-                rep = run.grade
-                if rep is not None and rep.valid and math.isfinite(rep.score):
-                    measured[split][kind] = round(float(rep.score), 6)
+                score, why = _graded_score(run_baseline(task, kind, split, sandbox=sandbox))
+                if score is not None and math.isfinite(score):
+                    measured[split][kind] = score
                 else:
-                    why = (f"{rep.reason}: {rep.message}" if rep is not None
-                           else run.reward.failure_reason)
+                    why = why or f"non-finite score {score}"
                     log(f"task {task.id}: its generated {kind} solution failed on the {split} "
                         f"split ({why}); no {kind} reference score there")
         path.parent.mkdir(parents=True, exist_ok=True)
