@@ -15,7 +15,8 @@ from rl4mle_jax.warmstart.config import WarmStartConfig
 from rl4mle_jax.warmstart.demo_runs import load_demos
 from rl4mle_jax.warmstart.demos import DEMO_SET_VERSION
 
-WARMSTART_VERSION = "2"  # bump when the prompts or the build change
+WARMSTART_VERSION = "3"  # bump when the prompts or the build change (3: env.trim keeps the
+# parent's modelling choices first)
 Params = Any
 
 

@@ -34,7 +34,9 @@ CHATML = (
 )
 
 LONG_CODE = "import numpy as np\nimport pandas as pd\n\n" + "".join(
-    f"feature_{i} = np.log1p(np.arange({i} + 10)) * {i}  # feature {i}\n" for i in range(120)
+    f"feature_{i} = np.log1p(np.arange({i} + 10)) * {i}  # feature {i}\n" for i in range(60)
+) + "model = Ridge(alpha=0.3)\n" + "".join(
+    f"feature_{i} = np.log1p(np.arange({i} + 10)) * {i}  # feature {i}\n" for i in range(60, 120)
 ) + textwrap.dedent("""\
     def main():
         train = pd.read_csv("input/train.csv")
@@ -92,8 +94,9 @@ def test_improve_prompt_is_trimmed_within_budget_keeping_valid_python(tokenizer,
     assert p.trimmed["code_tokens"] is not None and "description cut" in p.text
     code = p.text.split("```python\n")[-1].split("\n```")[0]
     ast.parse(code)  # still valid Python
-    assert code.startswith("import numpy as np\nimport pandas as pd\n")  # imports kept
-    assert "main()" in code and "lines omitted]" in code  # the end kept, the middle marked
+    # the model line kept from the middle, the end kept, the rest marked
+    assert "\nmodel = Ridge(alpha=0.3)\n" in code and "feature_59 =" not in code
+    assert "main()" in code and "lines omitted]" in code
     assert "Outcome: No error detected, you achieved a score of 0.5." in p.text
 
 
@@ -124,11 +127,12 @@ def test_lines_omitted_counts_the_markers_trim_code_adds():
         assert lines_omitted(LONG_CODE, out) == len(LONG_CODE.splitlines()) - len(shown)
     assert lines_omitted(LONG_CODE, LONG_CODE) == 0
     # a marker the program itself holds is not counted; unparsable code has its own marker
-    own = "x = 1\n# [3 lines omitted]\n" + LONG_CODE
+    own = LONG_CODE + "# [3 lines omitted]\nx = y\n"
     out = trim_code(own, 200)
     markers = [line for line in out.splitlines() if "lines omitted]" in line]
-    assert "# [3 lines omitted]" in markers and len(markers) == 3  # its own + two runs
-    assert lines_omitted(own, out) == len(own.splitlines()) - (len(out.splitlines()) - 2)
+    assert "# [3 lines omitted]" in markers and len(markers) >= 2  # its own + the cut's runs
+    assert lines_omitted(own, out) == len(own.splitlines()) - (len(out.splitlines()) -
+                                                               len(markers) + 1)
     broken = "".join(f"line {i} (\n" for i in range(100))
     cut = trim_code(broken, 60)
     assert lines_omitted(broken, cut) == 100 - (len(cut.splitlines()) - 1)
@@ -157,6 +161,64 @@ def test_trim_code_inside_a_big_function():
                     LONG_CODE.split("def main")[1], 150)
     ast.parse(out)
     assert "def main():" in out and "    ...  # [" in out and out.rstrip().endswith("main()")
+
+
+TEXT_PROGRAM = textwrap.dedent("""\
+    import numpy as np
+    import pandas as pd
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+
+    train = pd.read_csv("./input/train.csv")
+    test = pd.read_csv("./input/test.csv")
+    sample = pd.read_csv("./input/sample_submission.csv")
+    X = train["text"].fillna("").astype(str)
+    X_test = test["text"].fillna("").astype(str)
+    SEED = 0
+    params = {"C": 5.0, "max_iter": 1000}
+    vectorizer = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4), min_df=1)
+    classifier = LogisticRegression(random_state=SEED, **params)
+    model = make_pipeline(vectorizer, classifier)
+    model.fit(X, train["source"])
+    proba = pd.DataFrame(model.predict_proba(X_test), columns=list(model.classes_))
+    sub = proba.reindex(columns=sample.columns.drop("id"), fill_value=0.0)
+    sub.insert(0, "id", test["id"].to_numpy())
+    sub.to_csv("./submission/submission.csv", index=False)
+""")
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_trim_code_keeps_the_modelling_choices_first(wrap):
+    """What a cut parent shows first: the lines that construct the model and its features and
+    bind numeric settings (here 4 lines in the middle), then the end; imports, reading the
+    data and the DataFrame bookkeeping go first. The same inside a `def main():` body."""
+    code = TEXT_PROGRAM
+    if wrap:
+        head, body = code.split("\ntrain = ", 1)
+        code = head + "\n\ndef main():\n" + textwrap.indent("train = " + body, "    ") + \
+            "\n\nmain()\n"
+    choices = ["SEED = 0", 'params = {"C": 5.0, "max_iter": 1000}',
+               'vectorizer = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4), min_df=1)',
+               "classifier = LogisticRegression(random_state=SEED, **params)"]
+    need = sum(approx_token_count(c + "\n") for c in choices) + 2 * approx_token_count(
+        "    ...  # [000 lines omitted]\n")
+    if wrap:
+        need += approx_token_count("def main():\n") + approx_token_count("main()\n") + 20
+    out = trim_code(code, need)
+    ast.parse(out)
+    shown = [line.strip() for line in out.splitlines()]
+    assert all(c in shown for c in choices), out
+    for data_line in ("import numpy as np", 'train = pd.read_csv("./input/train.csv")',
+                      "proba = pd.DataFrame(model.predict_proba(X_test), "
+                      "columns=list(model.classes_))"):
+        assert data_line not in shown, out
+    assert lines_omitted(code, out) == len(code.splitlines()) - len(
+        [line for line in out.splitlines() if "lines omitted]" not in line])
+    # a little short of room: the end fills backwards, so the imports at the head are what go
+    roomy = trim_code(code, approx_token_count(code) - 40)
+    assert roomy.index("vectorizer = ") < roomy.index("sub.to_csv(") and "model.fit(X, " in roomy
+    assert wrap or "import numpy as np" not in roomy
 
 
 def test_describe_input_dir_lists_files_columns_and_first_row(tmp_path):
