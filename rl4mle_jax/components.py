@@ -186,8 +186,8 @@ def build_components(config: Any, workdir: Path) -> Components:
     ref_cache = Path(data_root).expanduser() if data_root else default_data_root()
     needs_refs = sections["reward"].normalisation in ("auto", "rescaled")
     for t, box in zip(tasks, sandboxes):
-        if needs_refs and not ensure_reference_scores(t, box, ref_cache / "_references",
-                                                      log.info):
+        if needs_refs and not ensure_reference_scores(
+                t, box, ref_cache / "_references", log.info, sections["reward"].baseline_key):
             log.warning("task %s: no reward-split baseline score (task.json reference_scores), "
                         "and its generated baseline solution did not score either: "
                         "reward.normalisation=%r pays a valid score as the paper's flipped "

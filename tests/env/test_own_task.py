@@ -344,6 +344,13 @@ def test_a_task_without_references_gets_its_generated_ones_measured_once(own_tas
     # A task with a reward-split baseline is left alone; the user's directory is untouched.
     assert baselines.ensure_reference_scores(again, None, tmp_path / "none", logs.append)
     assert not (tmp_path / "none").exists()
+    # the reward's `baseline_key` names the reference looked for (measured ones are "baseline"
+    # and "strong"): a key the task lacks measures (here: from the cache), a key it has does not
+    again.reference_scores = {"reward": {"baseline": 1.0}}
+    assert baselines.ensure_reference_scores(again, None, cache, logs.append, "strong")
+    assert again.reference_scores["reward"] == {**refs["reward"], "baseline": 1.0}
+    assert baselines.ensure_reference_scores(again, None, tmp_path / "none", logs.append,
+                                             "strong")
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
 
 

@@ -83,9 +83,11 @@ def _graded_score(run) -> tuple[float | None, str]:
 
 
 def ensure_reference_scores(task, sandbox, cache_dir: str | os.PathLike,
-                            log: Callable[[str], None] = lambda s: None) -> bool:
-    """Give a task that has no reward-split baseline score (a task directory never calibrated)
-    the scores of its baseline and strong solutions on both splits, measured once and cached.
+                            log: Callable[[str], None] = lambda s: None,
+                            baseline_key: str = "baseline") -> bool:
+    """Give a task that has no reward-split `baseline_key` score (`reward.baseline_key`; a task
+    directory never calibrated) the scores of its baseline and strong solutions on both splits,
+    measured once and cached.
 
     The reward's "auto" and "rescaled" normalisations place a valid score against these
     references (an RMSE of 23 in a price's units, left flipped, is paid no more than a failure),
@@ -95,11 +97,11 @@ def ensure_reference_scores(task, sandbox, cache_dir: str | os.PathLike,
     answers and the two programs' code, so a changed task or generator measures afresh. A
     solution that fails is logged and left out; the cache keeps that outcome too (each run
     would otherwise pay the failure again), so delete the file the log names to measure anew.
-    Returns whether the task now has a reward-split baseline."""
+    Returns whether the task now has a reward-split `baseline_key` score."""
     from rl4mle_jax.env.datasets.splits import sha256_file_cached
 
     def has_baseline() -> bool:
-        return (task.reference_scores or {}).get("reward", {}).get("baseline") is not None
+        return (task.reference_scores or {}).get("reward", {}).get(baseline_key) is not None
 
     if has_baseline():
         return True
