@@ -141,6 +141,13 @@ def learning_lines(workdir: Path, refs: dict[str, Any], direction: str) -> list[
                   f"episodes (valid rate {_fmt(pc['valid_cut'])} with the parent cut, "
                   f"{_fmt(pc['valid_whole'])} with it whole); the policy rewrites lines it "
                   f"cannot see."]
+    vp = study.improve_vs_parent(run)
+    if vp and vp["pairs"]:
+        lines += ["", f"Trained improve episodes against their parent: {vp['n']} with the parent "
+                  f"in this log, valid rate {_fmt(vp['valid'])}; of the {vp['pairs']} where both "
+                  f"are valid the child scored better in {vp['better']:.0%}, the same in "
+                  f"{vp['same']:.0%} and worse in {vp['worse']:.0%} (mean change "
+                  f"{vp['mean_change']:+.4f} in the reward's score scale, higher is better)."]
     lines += [
         "",
         "Final pick on the test split against the reference scores: "

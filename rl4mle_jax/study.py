@@ -342,6 +342,53 @@ def parent_cut(run: Run) -> dict[str, float | int | None] | None:
             "valid_whole": valid_share(whole)}
 
 
+def improve_vs_parent(run: Run, tol: float = 1e-9) -> dict[str, float | int | None] | None:
+    """Did self-improvement improve? Trained improve episodes whose parent is an episode of this
+    log (`parent_episode`): how many (`n`) and the share valid (`valid`); of the `pairs` where
+    parent and child are both valid, the shares where the child's score, in the reward's
+    higher-is-better scale (`normalised_score`), is above / within `tol` of / below its
+    parent's, and the mean change. None without such episodes (e.g. a log before the fields)."""
+    logged = {e.get("episode_id"): e for e in run.episodes
+              if e.get("record") and e.get("episode_id") is not None}
+    rows = [e for e in trained_episodes(run)
+            if e.get("kind") == "improve" and e.get("parent_episode") in logged]
+    if not rows:
+        return None
+
+    def score(e: dict[str, Any]) -> float | None:
+        rec = e["record"]
+        v = rec.get("normalised_score")
+        return float(v) if rec.get("status") == "valid" and v is not None else None
+
+    deltas = np.array([score(e) - score(logged[e["parent_episode"]]) for e in rows
+                       if score(e) is not None
+                       and score(logged[e["parent_episode"]]) is not None])
+    share = (lambda m: float(np.mean(m))) if len(deltas) else (lambda m: None)
+    return {"n": len(rows), "valid": valid_share(rows), "pairs": len(deltas),
+            "better": share(deltas > tol), "same": share(np.abs(deltas) <= tol),
+            "worse": share(deltas < -tol),
+            "mean_change": float(deltas.mean()) if len(deltas) else None}
+
+
+def parent_table(study: dict[str, list[Run]]) -> str:
+    """Markdown: per run, how its trained improve episodes compare with their parents
+    (`improve_vs_parent`)."""
+    lines = ["| variant | seed | improve episodes (parent logged) | valid | both valid | child "
+             "better / same / worse | mean change (reward scale) |",
+             "|---|---|---|---|---|---|---|"]
+    for variant, runs in study.items():
+        for r in runs:
+            vp = improve_vs_parent(r)
+            if vp is None:
+                lines.append(f"| {variant} | {r.seed} | 0 | — | 0 | — | — |")
+                continue
+            split = (" / ".join(f"{vp[k]:.2f}" for k in ("better", "same", "worse"))
+                     if vp["pairs"] else "—")
+            lines.append(f"| {variant} | {r.seed} | {vp['n']} | {fmt_value(vp['valid'], 2)} | "
+                         f"{vp['pairs']} | {split} | {fmt_value(vp['mean_change'], 4, True)} |")
+    return "\n".join(lines)
+
+
 def kind_table(study: dict[str, list[Run]]) -> str:
     """Markdown: per run, each prompt kind's valid rate, best-of-N before -> after and trained
     episodes first -> last quarter (`valid_by_kind`)."""
@@ -516,4 +563,5 @@ def results_markdown(study: dict[str, list[Run]], command: str, budget_s: float,
             f"tables drawn at commit `{git_commit()}`  \n"
             f"RL budget per run: {budget}.\n\n## Ablation table\n\n{ablation_table(study)}\n\n"
             f"## Learning checks\n\n{learning_table(study)}\n\n"
-            f"## Valid rate by prompt kind\n\n{kind_table(study)}\n")
+            f"## Valid rate by prompt kind\n\n{kind_table(study)}\n\n"
+            f"## Improve episodes against their parent\n\n{parent_table(study)}\n")

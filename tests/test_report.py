@@ -84,6 +84,10 @@ def test_report_says_how_many_improve_prompts_cut_their_parent(tmp_path):
             "finished_at": i + 1.0, "duration_s": 0.5, "parent_lines_omitted": n,
             "record": {"status": "valid" if v else "failure"}}
            for i, (n, v) in enumerate([(10, False), (10, True), (0, True), (0, True)])]
+    for e, parent, score in zip(eps, [None, 0, 1, 1], [None, 0.5, 0.75, 0.25]):
+        e["parent_episode"] = parent
+        if score is not None:
+            e["record"]["normalised_score"] = score
     (wd / "experience.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
     task = SimpleNamespace(id="t", metric="auc", direction="higher", reference_scores={})
     comps = SimpleNamespace(task=task, source={"warmstart": "ws"})
@@ -92,3 +96,7 @@ def test_report_says_how_many_improve_prompts_cut_their_parent(tmp_path):
     assert ("Improve prompts that left out lines of their parent program to fit "
             "`prompt.max_prompt_tokens`: 2 of 4 trained improve episodes (valid rate 0.5000 "
             "with the parent cut, 1.0000 with it whole)") in text, text
+    assert ("Trained improve episodes against their parent: 3 with the parent in this log, "
+            "valid rate 1.0000; of the 2 where both are valid the child scored better in 50%, "
+            "the same in 0% and worse in 50% (mean change +0.0000 in the reward's score scale, "
+            "higher is better).") in text, text

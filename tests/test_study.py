@@ -166,6 +166,35 @@ def test_parent_cut_counts_trained_improve_episodes_by_whether_the_parent_was_cu
     assert st.parent_cut(run) is None  # a log from before the field
 
 
+def test_improve_vs_parent_against_numpy(tmp_path):
+    """Child minus parent in the reward's scale, over trained improve episodes whose parent is
+    in the log and both valid; the valid share over all of them."""
+    rec = lambda s: ({"status": "valid", "normalised_score": s} if s is not None  # noqa: E731
+                     else {"status": "failure", "normalised_score": None})
+    eps = [{"episode_id": 1, "kind": "solve", "selected": True, "record": rec(-0.5)},
+           {"episode_id": 2, "kind": "solve", "selected": False, "record": rec(-0.6)},
+           {"episode_id": 3, "kind": "solve", "selected": True, "record": rec(None)}]
+    kids = [(1, -0.4), (1, -0.5), (2, -0.7), (2, None), (3, -0.2), (1, -0.9)]
+    eps += [{"episode_id": 10 + i, "kind": "improve", "selected": True, "parent_episode": p,
+             "record": rec(s)} for i, (p, s) in enumerate(kids)]
+    eps += [{"episode_id": 30, "kind": "improve", "selected": True, "parent_episode": 99,
+             "record": rec(0.0)},  # parent not logged (e.g. from an earlier run): left out
+            {"episode_id": 31, "kind": "improve", "selected": False, "parent_episode": 1,
+             "record": rec(0.0)}]  # not trained
+    wd = tmp_path / "v" / "seed0"
+    _write_run(wd, [-1.0], [60.0], eps)
+    got = st.improve_vs_parent(st.load_study(tmp_path)["v"][0])
+    d = np.array([-0.4 + 0.5, 0.0, -0.7 + 0.6, -0.9 + 0.5])
+    assert got["n"] == 6 and got["valid"] == pytest.approx(5 / 6) and got["pairs"] == 4
+    assert got["better"] == 0.25 and got["same"] == 0.25 and got["worse"] == 0.5
+    assert got["mean_change"] == pytest.approx(d.mean())
+    table = st.parent_table(st.load_study(tmp_path))
+    assert f"| v | 0 | 6 | 0.83 | 4 | 0.25 / 0.25 / 0.50 | {d.mean():+.4f} |" in table, table
+    run = st.load_study(tmp_path)["v"][0]
+    run.episodes = [e for e in eps if e["kind"] == "solve"]
+    assert st.improve_vs_parent(run) is None
+
+
 def test_learning_check_without_evaluations_or_steps(study_dir):
     c = st.learning_check(st.load_study(study_dir)["no_instrumentation"][0])
     assert c["steps"] == 1 and c["reward_gain"] == 0.0
