@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rl4mle_jax.env.instrument import strip_markers
-from rl4mle_jax.env.trim import approx_token_count, lines_omitted, trim_code
+from rl4mle_jax.env.trim import TRIM_FIRST, approx_token_count, lines_omitted, trim_code
 
 QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 # import name -> distribution name (shown to the model)
@@ -52,6 +52,18 @@ class PromptConfig:
     layout_share: float = 0.3  # the data layout's most of max_prompt_tokens (fewer columns shown)
     min_description_tokens: int = 48
     code_share: float = 0.65  # of the trimmable room, the earlier code's share (improve prompt)
+    # What a cut earlier program keeps first (`env.trim.trim_code`'s `first`): "imports" (its
+    # top-level imports, then its end) or "choices" (the statements that construct a model or
+    # vectorizer or bind numeric settings, then its end). "choices" let titanic-survival's
+    # children build on their parent, but its warm starts were less often valid on
+    # diamonds-cut (14 of 40 samples over three builds against 26 of 40), and the learning
+    # checks' gains were smaller (docs/learning_check/results_trim.md).
+    trim_first: str = "imports"
+
+    def __post_init__(self):
+        if self.trim_first not in TRIM_FIRST:
+            raise ValueError(f"prompt.trim_first must be one of {TRIM_FIRST}, got "
+                             f"{self.trim_first!r}")
 
 
 @dataclass(frozen=True)
@@ -381,7 +393,7 @@ def build_prompt(ctx: TaskContext, *, earlier_code: str | None = None,
         desc_room = room - code_room
     for _ in range(8):
         desc = _cut_description(ctx.description, max(desc_room, 0), count_tokens)
-        code = trim_code(earlier_code, max(code_room, 1), count_tokens) \
+        code = trim_code(earlier_code, max(code_room, 1), count_tokens, cfg.trim_first) \
             if earlier_code is not None else None
         text, msgs = make(desc, code)
         n = count_tokens(text)

@@ -1,21 +1,21 @@
 """Trimming a program to a token budget while keeping it valid Python.
 
-What is kept first: the statements that state the program's modelling choices (`_is_choice`: a
-class is constructed, e.g. `clf = LogisticRegression(C=5.0)` or `vec = TfidfVectorizer(...)`, or
-a name is bound to a literal holding a number, e.g. `params = {"max_depth": 6}`), last ones first;
-then statements from the end of the program backwards (where the submission is written); then
-statements from the start forwards (the imports come back here when there is room). Whole
-statements are dropped; a run of dropped statements becomes one `...  # [N lines omitted]` line at
-the right indentation (an Ellipsis statement, so an emptied block still parses). A single
-statement larger than the budget (typically `def main():` holding everything) is trimmed inside
-its body the same way. Code that does not parse is trimmed by lines (head and tail).
+What is kept first (`first`): "imports", the top-level imports; or "choices", the statements
+that state the program's modelling choices (`_is_choice`: a class is constructed, e.g.
+`clf = LogisticRegression(C=5.0)` or `vec = TfidfVectorizer(...)`, or a name is bound to a
+literal holding a number, e.g. `params = {"max_depth": 6}`), last ones first and inside an
+expanded body too. Then statements from the end of the program backwards (where the submission
+is written), then statements from the start forwards. Whole statements are dropped; a run of
+dropped statements becomes one `...  # [N lines omitted]` line at the right indentation (an
+Ellipsis statement, so an emptied block still parses). A single statement larger than the
+budget (typically `def main():` holding everything) is trimmed inside its body the same way.
+Code that does not parse is trimmed by lines (head and tail).
 
-Why the choices first: an improve prompt is where the policy sees its parent, and the parent's
-value is which model, which features and which settings it used. Imports and the tail (reading
-the data, writing the submission) are nearly the same in every program of a task and the policy
-writes them unprompted; keeping them first (as this module did up to stop 40) hid exactly the
-lines an improvement would copy (tweet-source seed 4: the vectorizer and `C` of the best program
-were cut from all 40 improve prompts that showed it).
+Why "choices" exists: an improve prompt is where the policy sees its parent, and the parent's
+value is which model, which features and which settings it used. Under "imports" (the default)
+a 512-token improve prompt hid exactly those lines (tweet-source seed 4: the vectorizer and `C`
+of the best program were cut from all 40 improve prompts that showed it). What "choices" did to
+the tiny default is in docs/learning_check/results_trim.md.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 # when the code does not parse).
 _OMITTED = re.compile(r"^[ \t]*(?:\.\.\.  )?# \[(\d+) lines omitted\]$", re.M)
 _BODY_LAST = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.With, ast.AsyncWith)
+TRIM_FIRST = ("imports", "choices")
 # Classes whose construction is data handling, not a modelling choice.
 _NOT_CHOICES = frozenset({"DataFrame", "Series", "Path", "Index", "Categorical", "Timestamp",
                           "Timedelta", "StringIO", "BytesIO", "Counter", "OrderedDict"})
@@ -43,6 +44,7 @@ def approx_token_count(text: str) -> int:
 class _Unit:
     text: str
     n_lines: int
+    is_import: bool
     is_choice: bool
     node: ast.stmt | None
     first_line: int  # 1-based, includes leading comments/blank lines
@@ -96,7 +98,8 @@ def _units(stmts: list[ast.stmt], lines: list[str], start: int, stop: int) -> li
         first = start if i == 0 else stmts[i - 1].end_lineno + 1
         last = stop if i == len(stmts) - 1 else s.end_lineno
         text = "".join(lines[first - 1:last])
-        out.append(_Unit(text, last - first + 1, _is_choice(s), s, first))
+        out.append(_Unit(text, last - first + 1, isinstance(s, ast.Import | ast.ImportFrom),
+                         _is_choice(s), s, first))
     return out
 
 
@@ -106,15 +109,20 @@ def _indent_of(node: ast.stmt, lines: list[str]) -> str:
 
 
 def _select(units: list[_Unit], budget: int, lines: list[str], indent: str,
-            count: Callable[[str], int]) -> str:
+            count: Callable[[str], int], first: str, top: bool) -> str:
     costs = [count(u.text) for u in units]
     if sum(costs) <= budget:
         return "".join(u.text for u in units)
     chosen: dict[int, str] = {}
     left = budget - count(f"{indent}...  # [000 lines omitted]\n")
-    for i in range(len(units) - 1, -1, -1):  # the modelling choices, last first
-        if units[i].is_choice and costs[i] <= left:
-            chosen[i], left = units[i].text, left - costs[i]
+    if first == "imports" and top:  # the top-level imports, in order
+        for i, u in enumerate(units):
+            if u.is_import and costs[i] <= left:
+                chosen[i], left = u.text, left - costs[i]
+    elif first == "choices":  # the modelling choices, last first, at every level
+        for i in range(len(units) - 1, -1, -1):
+            if units[i].is_choice and costs[i] <= left:
+                chosen[i], left = units[i].text, left - costs[i]
     for i in range(len(units) - 1, -1, -1):  # tail first
         if i in chosen:
             continue
@@ -128,7 +136,8 @@ def _select(units: list[_Unit], budget: int, lines: list[str], indent: str,
             if inner_budget > 0:
                 sub = _units(node.body, lines, node.body[0].lineno,
                              units[i].first_line + units[i].n_lines - 1)
-                body = _select(sub, inner_budget, lines, _indent_of(node.body[0], lines), count)
+                body = _select(sub, inner_budget, lines, _indent_of(node.body[0], lines), count,
+                               first, False)
                 chosen[i] = header + body
                 left -= count(chosen[i])
         break
@@ -173,9 +182,12 @@ def _trim_lines(code: str, budget: int, count: Callable[[str], int]) -> str:
     return "".join(head) + (f"# [{n} lines omitted]\n" if n else "") + "".join(tail)
 
 
-def trim_code(code: str, max_tokens: int, count_tokens: Callable[[str], int] = approx_token_count
-              ) -> str:
-    """`code` cut to at most `max_tokens` (as counted by `count_tokens`), valid Python if it was."""
+def trim_code(code: str, max_tokens: int, count_tokens: Callable[[str], int] = approx_token_count,
+              first: str = "imports") -> str:
+    """`code` cut to at most `max_tokens` (as counted by `count_tokens`), valid Python if it was;
+    `first`: what is kept first, "imports" or "choices" (the module's docstring)."""
+    if first not in TRIM_FIRST:
+        raise ValueError(f"first must be one of {TRIM_FIRST}, got {first!r}")
     if count_tokens(code) <= max_tokens:
         return code
     if not code.endswith("\n"):
@@ -189,7 +201,8 @@ def trim_code(code: str, max_tokens: int, count_tokens: Callable[[str], int] = a
     lines = code.splitlines(keepends=True)
     budget = max_tokens
     for _ in range(8):  # token counts are not exactly additive: shrink until it fits
-        text = _select(_units(tree.body, lines, 1, len(lines)), budget, lines, "", count_tokens)
+        text = _select(_units(tree.body, lines, 1, len(lines)), budget, lines, "", count_tokens,
+                       first, True)
         over = count_tokens(text) - max_tokens
         if over <= 0:
             return text

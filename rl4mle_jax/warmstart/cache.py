@@ -15,8 +15,8 @@ from rl4mle_jax.warmstart.config import WarmStartConfig
 from rl4mle_jax.warmstart.demo_runs import load_demos
 from rl4mle_jax.warmstart.demos import DEMO_SET_VERSION
 
-WARMSTART_VERSION = "3"  # bump when the prompts or the build change (3: env.trim keeps the
-# parent's modelling choices first)
+WARMSTART_VERSION = "3"  # bump when the prompts or the build change (3: prompt.trim_first;
+# "imports" builds the prompts of version 2)
 Params = Any
 
 

@@ -34,9 +34,7 @@ CHATML = (
 )
 
 LONG_CODE = "import numpy as np\nimport pandas as pd\n\n" + "".join(
-    f"feature_{i} = np.log1p(np.arange({i} + 10)) * {i}  # feature {i}\n" for i in range(60)
-) + "model = Ridge(alpha=0.3)\n" + "".join(
-    f"feature_{i} = np.log1p(np.arange({i} + 10)) * {i}  # feature {i}\n" for i in range(60, 120)
+    f"feature_{i} = np.log1p(np.arange({i} + 10)) * {i}  # feature {i}\n" for i in range(120)
 ) + textwrap.dedent("""\
     def main():
         train = pd.read_csv("input/train.csv")
@@ -94,9 +92,8 @@ def test_improve_prompt_is_trimmed_within_budget_keeping_valid_python(tokenizer,
     assert p.trimmed["code_tokens"] is not None and "description cut" in p.text
     code = p.text.split("```python\n")[-1].split("\n```")[0]
     ast.parse(code)  # still valid Python
-    # the model line kept from the middle, the end kept, the rest marked
-    assert "\nmodel = Ridge(alpha=0.3)\n" in code and "feature_59 =" not in code
-    assert "main()" in code and "lines omitted]" in code
+    assert code.startswith("import numpy as np\nimport pandas as pd\n")  # imports kept
+    assert "main()" in code and "lines omitted]" in code  # the end kept, the middle marked
     assert "Outcome: No error detected, you achieved a score of 0.5." in p.text
 
 
@@ -127,12 +124,11 @@ def test_lines_omitted_counts_the_markers_trim_code_adds():
         assert lines_omitted(LONG_CODE, out) == len(LONG_CODE.splitlines()) - len(shown)
     assert lines_omitted(LONG_CODE, LONG_CODE) == 0
     # a marker the program itself holds is not counted; unparsable code has its own marker
-    own = LONG_CODE + "# [3 lines omitted]\nx = y\n"
+    own = "x = 1\n# [3 lines omitted]\n" + LONG_CODE
     out = trim_code(own, 200)
     markers = [line for line in out.splitlines() if "lines omitted]" in line]
-    assert "# [3 lines omitted]" in markers and len(markers) >= 2  # its own + the cut's runs
-    assert lines_omitted(own, out) == len(own.splitlines()) - (len(out.splitlines()) -
-                                                               len(markers) + 1)
+    assert "# [3 lines omitted]" in markers and len(markers) == 3  # its own + two runs
+    assert lines_omitted(own, out) == len(own.splitlines()) - (len(out.splitlines()) - 2)
     broken = "".join(f"line {i} (\n" for i in range(100))
     cut = trim_code(broken, 60)
     assert lines_omitted(broken, cut) == 100 - (len(cut.splitlines()) - 1)
@@ -190,9 +186,10 @@ TEXT_PROGRAM = textwrap.dedent("""\
 
 @pytest.mark.parametrize("wrap", [False, True])
 def test_trim_code_keeps_the_modelling_choices_first(wrap):
-    """What a cut parent shows first: the lines that construct the model and its features and
-    bind numeric settings (here 4 lines in the middle), then the end; imports, reading the
-    data and the DataFrame bookkeeping go first. The same inside a `def main():` body."""
+    """first="choices": what a cut parent shows first are the lines that construct the model
+    and its features and bind numeric settings (here 4 lines in the middle), then the end;
+    imports, reading the data and the DataFrame bookkeeping go first. The same inside a
+    `def main():` body."""
     code = TEXT_PROGRAM
     if wrap:
         head, body = code.split("\ntrain = ", 1)
@@ -205,7 +202,7 @@ def test_trim_code_keeps_the_modelling_choices_first(wrap):
         "    ...  # [000 lines omitted]\n")
     if wrap:
         need += approx_token_count("def main():\n") + approx_token_count("main()\n") + 20
-    out = trim_code(code, need)
+    out = trim_code(code, need, first="choices")
     ast.parse(out)
     shown = [line.strip() for line in out.splitlines()]
     assert all(c in shown for c in choices), out
@@ -216,9 +213,28 @@ def test_trim_code_keeps_the_modelling_choices_first(wrap):
     assert lines_omitted(code, out) == len(code.splitlines()) - len(
         [line for line in out.splitlines() if "lines omitted]" not in line])
     # a little short of room: the end fills backwards, so the imports at the head are what go
-    roomy = trim_code(code, approx_token_count(code) - 40)
+    roomy = trim_code(code, approx_token_count(code) - 40, first="choices")
     assert roomy.index("vectorizer = ") < roomy.index("sub.to_csv(") and "model.fit(X, " in roomy
     assert wrap or "import numpy as np" not in roomy
+    # the default keeps the imports first instead: at the same budget the choices are cut
+    default = trim_code(code, need)
+    assert "import numpy as np" in default and choices[3] not in default
+
+
+def test_prompt_config_trim_first_reaches_the_improve_prompt(tokenizer):
+    count = lambda s: len(tokenizer.encode(s))  # noqa: E731
+    kw = dict(outcome="No error detected.", chat_template=tokenizer.apply_chat_template,
+              count_tokens=count)
+    line = "\nmodel = Ridge(alpha=0.3)\n"
+    code = LONG_CODE.replace("feature_60 = ", line.strip() + "\nfeature_60 = ")
+    texts = {first: build_prompt(_ctx(), earlier_code=code, cfg=PromptConfig(
+        max_prompt_tokens=800, trim_first=first), **kw).text for first in ("imports", "choices")}
+    assert line in texts["choices"] and line not in texts["imports"]
+    assert "import numpy as np\nimport pandas as pd\n" in texts["imports"]
+    with pytest.raises(ValueError, match="prompt.trim_first"):
+        PromptConfig(trim_first="models")
+    with pytest.raises(ValueError, match="first must be one of"):
+        trim_code(code, 50, first="models")
 
 
 def test_describe_input_dir_lists_files_columns_and_first_row(tmp_path):
