@@ -45,7 +45,6 @@ class _Unit:
     text: str
     n_lines: int
     is_import: bool
-    is_choice: bool
     node: ast.stmt | None
     first_line: int  # 1-based, includes leading comments/blank lines
 
@@ -98,8 +97,8 @@ def _units(stmts: list[ast.stmt], lines: list[str], start: int, stop: int) -> li
         first = start if i == 0 else stmts[i - 1].end_lineno + 1
         last = stop if i == len(stmts) - 1 else s.end_lineno
         text = "".join(lines[first - 1:last])
-        out.append(_Unit(text, last - first + 1, isinstance(s, ast.Import | ast.ImportFrom),
-                         _is_choice(s), s, first))
+        out.append(_Unit(text, last - first + 1, isinstance(s, ast.Import | ast.ImportFrom), s,
+                         first))
     return out
 
 
@@ -121,7 +120,7 @@ def _select(units: list[_Unit], budget: int, lines: list[str], indent: str,
                 chosen[i], left = u.text, left - costs[i]
     elif first == "choices":  # the modelling choices, last first, at every level
         for i in range(len(units) - 1, -1, -1):
-            if units[i].is_choice and costs[i] <= left:
+            if costs[i] <= left and _is_choice(units[i].node):
                 chosen[i], left = units[i].text, left - costs[i]
     for i in range(len(units) - 1, -1, -1):  # tail first
         if i in chosen:
