@@ -360,9 +360,8 @@ def improve_vs_parent(run: Run, tol: float = 1e-9) -> dict[str, float | int | No
         v = rec.get("normalised_score")
         return float(v) if rec.get("status") == "valid" and v is not None else None
 
-    deltas = np.array([score(e) - score(logged[e["parent_episode"]]) for e in rows
-                       if score(e) is not None
-                       and score(logged[e["parent_episode"]]) is not None])
+    pairs = [(score(e), score(logged[e["parent_episode"]])) for e in rows]
+    deltas = np.array([c - p for c, p in pairs if c is not None and p is not None])
     share = (lambda m: float(np.mean(m))) if len(deltas) else (lambda m: None)
     return {"n": len(rows), "valid": valid_share(rows), "pairs": len(deltas),
             "better": share(deltas > tol), "same": share(np.abs(deltas) <= tol),
