@@ -142,6 +142,7 @@ def _prompt_config(config: Any, chat: bool) -> prompts_lib.PromptConfig:
     return prompts_lib.PromptConfig(
         max_prompt_tokens=config.prompt.max_prompt_tokens,
         max_response_tokens=config.prompt.max_response_tokens,
+        trim_first=config.prompt.trim_first,
         system_prompt=prompts_lib.QWEN_DEFAULT_SYSTEM if chat else None)
 
 

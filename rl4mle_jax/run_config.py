@@ -35,6 +35,7 @@ from rl4mle_jax.env.instrument_lm import INSTRUMENT_MODES
 from rl4mle_jax.env.reward import RewardConfig
 from rl4mle_jax.env.sandbox import BACKENDS
 from rl4mle_jax.env.sandbox.common import Limits
+from rl4mle_jax.env.trim import TRIM_FIRST
 from rl4mle_jax.rl.learner_config import LearnerConfig
 from rl4mle_jax.rollout.collate import DURATION_FLOOR_S, DURATION_SOURCES
 from rl4mle_jax.rollout.task_mix import TASK_SAMPLING
@@ -66,10 +67,15 @@ class PromptLimits:
 
     max_prompt_tokens: int = 512  # fits the prompt of every local task
     max_response_tokens: int = 768
+    # What an improve prompt's cut parent keeps first: "imports" or "choices" (its modelling
+    # choices; env.prompts.PromptConfig.trim_first, docs/learning_check/results_trim.md).
+    trim_first: str = "imports"
 
     def __post_init__(self):
         for name in ("max_prompt_tokens", "max_response_tokens"):
             _need(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        _need(self.trim_first in TRIM_FIRST, "trim_first",
+              f"must be one of {TRIM_FIRST}, got {self.trim_first!r}")
 
 
 ENGINES = ("static", "continuous")  # SamplingConfig.engine

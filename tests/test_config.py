@@ -23,6 +23,7 @@ from rl4mle_jax import run_config  # noqa: E402
 from rl4mle_jax.env.instrument_lm import INSTRUMENT_MODES  # noqa: E402
 from rl4mle_jax.env.reward import MILESTONE_EVIDENCE, NORMALISATIONS  # noqa: E402
 from rl4mle_jax.env.sandbox import BACKENDS, Sandbox  # noqa: E402
+from rl4mle_jax.env.trim import TRIM_FIRST  # noqa: E402
 from rl4mle_jax.rl import learner_config as lc  # noqa: E402
 from rl4mle_jax.rollout.collate import DURATION_SOURCES, build_batch  # noqa: E402
 from rl4mle_jax.rollout.task_mix import TASK_SAMPLING  # noqa: E402
@@ -76,6 +77,7 @@ CHOICES = {
     ("run", "task_sampling"): TASK_SAMPLING,
     ("sampling", "engine"): run_config.ENGINES,
     ("model", "dtype"): ("float32", "bfloat16"),
+    ("prompt", "trim_first"): TRIM_FIRST,
     ("warmstart.settings", "sandbox_backend"): ("auto", "bwrap", "subprocess"),
 }
 # Values the walk must not pick (they would make the combined config invalid).
@@ -264,6 +266,7 @@ def test_qwen_batch_8_fails_in_validation_naming_the_keys():
     ("learner.duration_max_weight", 0.0, "config.learner"),
     ("reward.milestone_evidence", "text", "config.reward"),
     ("learner.num_minibatches", 3, "config.run.batch_size"),
+    ("prompt.trim_first", "head", "config.prompt.trim_first"),
 ])
 def test_bad_values_name_the_key(key, value, message):
     from rl4mle_jax.components import validate_config
@@ -273,6 +276,17 @@ def test_bad_values_name_the_key(key, value, message):
     config.update_from_flattened_dict({key: value})
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         validate_config(config)
+
+
+def test_prompt_trim_first_reaches_the_loops_prompt_config():
+    # The loop's improve prompts and its warm start's pairs (whose cache key holds the whole
+    # prompt config) are rendered with components._prompt_config: the flag must arrive there.
+    from rl4mle_jax.components import _prompt_config
+
+    config = _parse([f"--config={ROOT / 'configs' / 'task.py'}",
+                     "--config.prompt.trim_first=choices"])
+    assert _prompt_config(config, chat=False).trim_first == "choices"
+    assert _prompt_config(task_config.get_config(), chat=True).trim_first == "imports"
 
 
 def test_duration_floor_reaches_the_batch():
