@@ -161,6 +161,21 @@ def _warn_if_description_cut(context: Any, prompt_cfg: Any, tokenizer: Any) -> N
                     prompt_cfg.max_prompt_tokens, len(lines), lines[0][:80] if lines else "")
 
 
+def build_warmstart_for(config: Any, tasks: list[Any], sandbox: Any, libraries: list[str]):
+    """The warm start a run of `config` starts from (built, or loaded from its cache)."""
+    from rl4mle_jax import warmstart
+
+    # The warm start renders its demonstrations with the very prompts the loop will use.
+    cache = (Path(config.warmstart.cache_dir).expanduser() if config.warmstart.cache_dir
+             else warmstart.default_warmstart_dir())
+    return warmstart.build_warmstart(
+        tasks, cache, {**dict(config.warmstart.settings),
+                       "max_prompt_tokens": config.prompt.max_prompt_tokens,
+                       "max_response_tokens": config.prompt.max_response_tokens},
+        prompt_config=_prompt_config(config, chat=False), libraries=libraries,
+        sandbox=sandbox, data_root=config.data_root or None, log=log.info)
+
+
 def build_components(config: Any, workdir: Path) -> Components:
     """Everything a run needs, from a validated config (the warm start is built if missing)."""
     sections = validate_config(config)
@@ -209,17 +224,7 @@ def build_components(config: Any, workdir: Path) -> Components:
         tokenizer = load_tokenizer(hf_dir)
         source: dict[str, Any] = {"hf_dir": str(hf_dir)}
     else:
-        from rl4mle_jax import warmstart
-
-        # The warm start renders its demonstrations with the very prompts the loop will use.
-        cache = (Path(config.warmstart.cache_dir).expanduser() if config.warmstart.cache_dir
-                 else warmstart.default_warmstart_dir())
-        ws = warmstart.build_warmstart(
-            tasks, cache, {**dict(config.warmstart.settings),
-                               "max_prompt_tokens": config.prompt.max_prompt_tokens,
-                               "max_response_tokens": config.prompt.max_response_tokens},
-            prompt_config=_prompt_config(config, chat=False), libraries=libraries,
-            sandbox=sandbox, data_root=data_root, log=log.info)
+        ws = build_warmstart_for(config, tasks, sandbox, libraries)
         hf_dir, tokenizer = ws.hf_dir, load_tokenizer(ws.hf_dir)
         source = {"warmstart": str(ws.hf_dir), "cached": ws.cached, **ws.stats}
     model_config, params = models.load_hf_checkpoint(hf_dir, dtype=dtype)

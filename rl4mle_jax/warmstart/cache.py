@@ -17,6 +17,9 @@ from rl4mle_jax.warmstart.demos import DEMO_SET_VERSION
 
 WARMSTART_VERSION = "3"  # bump when the prompts or the build change (3: prompt.trim_first;
 # "imports" builds the prompts of version 2)
+# Config fields added since version 3, with the value that builds what version 3 built: they
+# enter the key only when set otherwise, so adding one does not rebuild every cached warm start.
+ADDED_AFTER_V3 = {"average_last": 0.0}
 Params = Any
 
 
@@ -42,7 +45,11 @@ class WarmStart:
 def cache_key(task_ids: Sequence[str], config: WarmStartConfig, extra: Mapping | None = None
               ) -> str:
     """Hash of everything the warm start depends on (tasks, config, demo generator, prompts)."""
-    blob = json.dumps({"tasks": list(task_ids), "config": dataclasses.asdict(config),
+    conf = dataclasses.asdict(config)
+    for name, neutral in ADDED_AFTER_V3.items():  # absent at its neutral value: older keys hold
+        if conf[name] == neutral:
+            del conf[name]
+    blob = json.dumps({"tasks": list(task_ids), "config": conf,
                        "demo_set": DEMO_SET_VERSION, "version": WARMSTART_VERSION,
                        "extra": extra or {}}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

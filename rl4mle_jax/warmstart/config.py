@@ -38,6 +38,9 @@ class WarmStartConfig:
     learning_rate: float = 3e-3
     warmup_steps: int = 10
     weight_decay: float = 0.01
+    # The tuned weights are the mean of the last `average_last` share of the steps' weights
+    # (stochastic weight averaging over the tail of the schedule); 0: the last step's.
+    average_last: float = 0.0
     seed: int = 0
     eval_samples: int = 8
     eval_temperature: float = 0.7
@@ -58,3 +61,8 @@ class WarmStartConfig:
             pairs = dict(mo).items() if hasattr(mo, "items") else (tuple(p) for p in mo)
             d["model_overrides"] = tuple(sorted((str(k), v) for k, v in pairs))
         return cls(**d)
+
+    def __post_init__(self):
+        if not 0.0 <= self.average_last < 1.0:
+            raise ValueError(f"warm start average_last must be in [0, 1), got "
+                             f"{self.average_last}")

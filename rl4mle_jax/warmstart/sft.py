@@ -123,6 +123,11 @@ def make_sft_step(config: Qwen2Config, optimizer: optax.GradientTransformation):
     return jax.jit(step, donate_argnums=(0, 1))
 
 
+@jax.jit
+def _running_mean(mean: Params, params: Params, weight: jax.Array) -> Params:
+    return jax.tree.map(lambda m, p: m + (p - m) * weight, mean, params)
+
+
 def bucket_len(n: int, quantum: int = 128) -> int:
     """`n` rounded up to a multiple of `quantum` (one compiled shape per bucket)."""
     return int(math.ceil(n / quantum) * quantum)
@@ -135,7 +140,8 @@ def train_sft(config: Qwen2Config, params: Params, examples: Sequence[SFTExample
 
     Examples are grouped by (prompt, response) length buckets (multiples of 128 / 64 tokens) so
     each bucket compiles once; every step draws one bucket (in proportion to its size) and a
-    batch from it.
+    batch from it. With `cfg.average_last` > 0 the result is the mean of the weights after each
+    of the last round(average_last x steps) steps.
     """
     if not examples:
         raise ValueError("no SFT examples (no valid demonstration fits the token limits)")
@@ -160,6 +166,8 @@ def train_sft(config: Qwen2Config, params: Params, examples: Sequence[SFTExample
     probs = np.array([len(buckets[k]) for k in keys], float)
     probs /= probs.sum()
     rng = np.random.default_rng(cfg.seed)
+    averaged = int(round(cfg.average_last * cfg.steps))
+    mean_params, n_mean = None, 0
     losses, tokens_seen, t0, c0 = [], 0, time.time(), time.process_time()
     first_step_s = 0.0
     for i in range(cfg.steps):
@@ -170,6 +178,10 @@ def train_sft(config: Qwen2Config, params: Params, examples: Sequence[SFTExample
         tokens_seen += int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
         params, opt_state, loss = step_fn(params, opt_state, batch)
         losses.append(float(loss))
+        if i >= cfg.steps - averaged:  # a copy: the next step donates `params`
+            n_mean += 1
+            mean_params = (jax.tree.map(jnp.copy, params) if mean_params is None else
+                           _running_mean(mean_params, params, jnp.float32(1.0 / n_mean)))
         if i == 0:
             first_step_s = time.time() - t0  # mostly compilation
         if i % 10 == 0 or i == cfg.steps - 1:
@@ -182,7 +194,7 @@ def train_sft(config: Qwen2Config, params: Params, examples: Sequence[SFTExample
              "loss_last10_mean": float(np.mean(losses[-k:])),
              "loss_curve": [round(x, 4) for x in losses[:: max(1, len(losses) // 20)]],
              "train_s": wall, "cpu_s": time.process_time() - c0, "first_step_s": first_step_s,
-             "tokens": tokens_seen, "tokens_per_s": tokens_seen / wall,
+             "tokens": tokens_seen, "tokens_per_s": tokens_seen / wall, "averaged_steps": n_mean,
              "buckets": {f"{p}+{r}{'/shared' if sh else ''}": len(buckets[p, r, sh])
                          for p, r, sh in keys}}
-    return params, stats
+    return (params if mean_params is None else mean_params), stats

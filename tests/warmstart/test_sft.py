@@ -1,5 +1,7 @@
 """Warm-start SFT: batching, the response-only loss against a full-sequence reference, training."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -88,3 +90,55 @@ class _FakeTok:
 
     def encode(self, text):
         return [2] * len(text)
+
+
+def test_average_last_returns_the_mean_of_the_last_steps_weights(monkeypatch):
+    """average_last=0.5 of 6 steps: the numpy mean of the weights after steps 4, 5 and 6; the
+    run itself (losses, the weights it averages) is the one average_last=0 makes."""
+    from rl4mle_jax.warmstart import sft
+
+    config = get_preset("tiny", vocab_size=16, **dict(TINY_MODEL))
+    after: list = []
+    make = sft.make_sft_step
+
+    def recording(model_config, optimizer):
+        step = make(model_config, optimizer)
+
+        def run(params, opt_state, batch):
+            out = step(params, opt_state, batch)
+            after.append(jax.tree.map(np.asarray, out[0]))
+            return out
+        return run
+
+    monkeypatch.setattr(sft, "make_sft_step", recording)
+    cfg = ws.WarmStartConfig(steps=6, batch_size=2, learning_rate=1e-2, warmup_steps=2)
+    last, plain = ws.train_sft(config, init_params(config, jax.random.PRNGKey(0)), _examples(),
+                               0, cfg)
+    trajectory, after[:] = list(after), []
+    cfg = ws.WarmStartConfig(steps=6, batch_size=2, learning_rate=1e-2, warmup_steps=2,
+                             average_last=0.5)
+    mean, stats = ws.train_sft(config, init_params(config, jax.random.PRNGKey(0)), _examples(),
+                               0, cfg)
+    assert stats["averaged_steps"] == 3 and plain["averaged_steps"] == 0
+    assert stats["loss_curve"] == plain["loss_curve"]
+    for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(trajectory)):
+        np.testing.assert_array_equal(a, b)
+    want = jax.tree.map(lambda *xs: np.mean(np.stack(xs), 0), *trajectory[3:])
+    for got, ref in zip(jax.tree.leaves(mean), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-7)
+    for got, ref in zip(jax.tree.leaves(last), jax.tree.leaves(trajectory[-1])):
+        np.testing.assert_array_equal(np.asarray(got), ref)
+    with pytest.raises(ValueError, match="average_last"):
+        ws.WarmStartConfig(average_last=1.0)
+
+
+def test_fields_added_after_v3_keep_the_older_keys():
+    """A field added later enters the cache key only when set: the cached builds still hit."""
+    from rl4mle_jax.warmstart.cache import ADDED_AFTER_V3
+
+    cfg = ws.WarmStartConfig()
+    key = ws.cache_key(["t"], cfg, {"x": 1})
+    assert key == "120fb88c8a43c3b8"  # the key before average_last existed (at e850e56)
+    assert set(ADDED_AFTER_V3) <= {f.name for f in dataclasses.fields(cfg)}
+    assert ws.cache_key(["t"], ws.WarmStartConfig(average_last=0.25), {"x": 1}) != key
+    assert ws.cache_key(["t"], ws.WarmStartConfig(average_last=0.0), {"x": 1}) == key
