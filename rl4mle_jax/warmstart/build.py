@@ -55,13 +55,16 @@ def task_demos(task, cfg: WarmStartConfig, sandbox, cache_dir: Path,
     generator and the config)."""
     key = hashlib.sha256(json.dumps(
         [task.id, task.fingerprint()["digest"], DEMO_SET_VERSION, cfg.demos_per_task,
-         cfg.demo_seed, cfg.demo_timeout_s]).encode()).hexdigest()[:16]
+         cfg.demo_seed, cfg.demo_timeout_s]
+        + ([cfg.edit_pairs_per_task] if cfg.edit_pairs_per_task else [])).encode()
+    ).hexdigest()[:16]
     path = cache_dir / f"{task.id}-{key}.jsonl"
     if path.exists():
         return load_demos(path)
     t0 = time.time()
     demos = make_demos(task, n=cfg.demos_per_task, seed=cfg.demo_seed, sandbox=sandbox,
-                       workers=cfg.workers, timeout_s=cfg.demo_timeout_s)
+                       workers=cfg.workers, timeout_s=cfg.demo_timeout_s,
+                       edits=cfg.edit_pairs_per_task)
     log(f"warm start: ran {len(demos)} demos for {task.id} in {time.time() - t0:.0f}s "
         f"({sum(d.valid for d in demos)} valid)")
     save_demos(path, demos)

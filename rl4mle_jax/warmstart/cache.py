@@ -19,7 +19,7 @@ WARMSTART_VERSION = "3"  # bump when the prompts or the build change (3: prompt.
 # "imports" builds the prompts of version 2)
 # Config fields added since version 3, with the value that builds what version 3 built: they
 # enter the key only when set otherwise, so adding one does not rebuild every cached warm start.
-ADDED_AFTER_V3 = {"average_last": 0.0}
+ADDED_AFTER_V3 = {"average_last": 0.0, "edit_pairs_per_task": 0}
 Params = Any
 
 

@@ -28,6 +28,10 @@ class WarmStartConfig:
     demo_seed: int = 0
     demo_timeout_s: float = 60.0
     improve_pairs_per_task: int = 8
+    # Improve pairs that edit: up to this many demonstrations are run again with one
+    # hyper-parameter changed (same features); where the two scores differ, the weaker one's
+    # improve prompt is paired with the stronger one (warmstart.pairs.edit_pairs).
+    edit_pairs_per_task: int = 0
     instrument_pairs_per_task: int = 12  # 4 gave 0% LM-instrumenter acceptance, 12 gave 25%
     max_prompt_tokens: int = 384
     max_response_tokens: int = 768
@@ -63,6 +67,9 @@ class WarmStartConfig:
         return cls(**d)
 
     def __post_init__(self):
+        if self.edit_pairs_per_task < 0:
+            raise ValueError(f"warm start edit_pairs_per_task must be >= 0, got "
+                             f"{self.edit_pairs_per_task}")
         if not 0.0 <= self.average_last < 1.0:
             raise ValueError(f"warm start average_last must be in [0, 1), got "
                              f"{self.average_last}")

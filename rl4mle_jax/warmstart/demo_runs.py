@@ -83,10 +83,11 @@ def run_demos(task, programs: Sequence[DemoProgram], sandbox=None, split: str = 
 
 
 def make_demos(task, n: int = 16, seed: int = 0, sandbox=None, workers: int = 2,
-               timeout_s: float | None = None) -> list[Demo]:
-    """Generate `n` programs for `task` and run each on its reward split."""
-    return run_demos(task, generate_programs(task, n=n, seed=seed), sandbox,
-                        workers=workers, timeout_s=timeout_s)
+               timeout_s: float | None = None, edits: int = 0) -> list[Demo]:
+    """Generate `n` programs for `task` (and up to `edits` edited copies,
+    `demos.generate_programs`) and run each on its reward split."""
+    return run_demos(task, generate_programs(task, n=n, seed=seed, edits=edits), sandbox,
+                     workers=workers, timeout_s=timeout_s)
 
 
 def save_demos(path: str | os.PathLike, demos: Sequence[Demo]) -> None:

@@ -341,8 +341,10 @@ def _output_block(p: DataProfile) -> tuple[str, str]:
     return code, f"Refit the model for each target column and write {what}."
 
 
-def _program(task, profile: DataProfile, family: str, rnd: random.Random) -> DemoProgram:
-    """One program of `family` for the task (hyper-parameters and features drawn from `rnd`)."""
+def _program(task, profile: DataProfile, family: str, rnd: random.Random,
+             change: dict | None = None) -> DemoProgram:
+    """One program of `family` for the task (hyper-parameters and features drawn from `rnd`);
+    `change` overrides hyper-parameters after the draws, so the features drawn are the same."""
     table = _REGRESSORS if profile.kind == "regression" else _CLASSIFIERS
     est = "regressor" if profile.kind == "regression" else "classifier"
     header = _HEADER.format(imports=_imports(profile))
@@ -353,6 +355,7 @@ def _program(task, profile: DataProfile, family: str, rnd: random.Random) -> Dem
     hp = {k: rnd.choice(v) for k, v in _PARAM_GRID.items() if "{" + k + "}" in ctor_t}
     if profile.text_column and family == "random_forest":
         hp["n"] = 100
+    hp.update(change or {})
     scale = needs_scale or rnd.random() < 0.3
     f_code, pipe, f_plan, f_params = _feature_block(profile, rnd, family, scale)
     model = f"make_pipeline({pipe}, {est})" if pipe else est
@@ -362,23 +365,49 @@ def _program(task, profile: DataProfile, family: str, rnd: random.Random) -> Dem
     return DemoProgram(plan, code, family, {**hp, **f_params})
 
 
-def generate_programs(task, profile: DataProfile | None = None, n: int = 16, seed: int = 0
-                      ) -> list[DemoProgram]:
-    """`n` distinct programs for `task`, cycling over the model families that suit its data."""
+def generate_programs(task, profile: DataProfile | None = None, n: int = 16, seed: int = 0,
+                      edits: int = 0) -> list[DemoProgram]:
+    """`n` distinct programs for `task`, cycling over the model families that suit its data.
+
+    edits: after them, up to `edits` edited copies: the first programs that have a tunable
+    hyper-parameter again, with the same features and one hyper-parameter set to another value
+    of its grid (`params["edit_of"]`: the index of the original, `params["edited"]`: which).
+    """
     profile = profile or profile_task(task)
     rnd = random.Random(f"{task.id}:{seed}")
     fams = _families(profile)
     programs: list[DemoProgram] = []
+    states: list[tuple] = []  # the generator's state before each program: its edit redraws it
     seen: set[str] = set()
     attempts = 0
     while len(programs) < n and attempts < 50 * n:
         family = fams[(len(programs) + attempts // 10) % len(fams)]
         attempts += 1
+        state = rnd.getstate()
         prog = _program(task, profile, family, rnd)
         if prog.code in seen:
             continue
         seen.add(prog.code)
         programs.append(prog)
+        states.append(state)
+    pick = random.Random(f"{task.id}:{seed}:edits")
+    for i, (prog, state) in enumerate(list(zip(programs, states))):
+        if sum("edit_of" in p.params for p in programs) >= edits:
+            break
+        tunable = [k for k in _PARAM_GRID if k in prog.params and len(_PARAM_GRID[k]) > 1
+                   and not (k == "n" and profile.text_column)]  # 100 trees on text: fixed
+        if not tunable:
+            continue
+        key = pick.choice(tunable)
+        value = pick.choice([v for v in _PARAM_GRID[key] if v != prog.params[key]])
+        again = random.Random()
+        again.setstate(state)
+        edit = _program(task, profile, prog.family, again, change={key: value})
+        if edit.code in seen:
+            continue
+        seen.add(edit.code)
+        programs.append(dataclasses.replace(edit, params={**edit.params, "edit_of": i,
+                                                          "edited": key}))
     return programs
 
 

@@ -32,6 +32,8 @@ def training_pairs(task, demos: Sequence[Demo], libraries: Sequence[str],
     """(prompt, response, kind) for one task: every valid demo after the solve prompt of both
     splits; improve prompts (an earlier demo and its outcome -> a better valid demo); and
     instrumentation pairs (LM instrumenter prompt -> the program with milestone prints)."""
+    edits = [d for d in demos if "edit_of" in d.params]
+    demos = [d for d in demos if "edit_of" not in d.params]  # the originals come first
     valid = sorted((d for d in demos if d.valid), key=lambda d: -d.reward)
     pairs = []
     for split in ("reward", "test"):
@@ -46,9 +48,25 @@ def training_pairs(task, demos: Sequence[Demo], libraries: Sequence[str],
         text = prompts.improve_prompt(ctx, before.code, before.outcome, cfg=prompt_config,
                                       chat_template=None, count_tokens=count_tokens).text
         pairs.append((text, after.response(), "improve"))
+    for before, after in edit_pairs(demos, edits):
+        text = prompts.improve_prompt(ctx, before.code, before.outcome, cfg=prompt_config,
+                                      chat_template=None, count_tokens=count_tokens).text
+        pairs.append((text, after.response(), "improve"))
     codes = [d.code for d in valid[: cfg.instrument_pairs_per_task]]
     pairs += [(p, r, "instrument") for p, r in instrumentation_pairs(codes)]
     return pairs
+
+
+def edit_pairs(originals: Sequence[Demo], edits: Sequence[Demo]) -> list[tuple[Demo, Demo]]:
+    """(weaker, stronger) of each edited demonstration and its original
+    (`params["edit_of"]`) where both are valid and their rewards differ: an improve pair in
+    which the better program is the earlier one with one setting changed."""
+    out = []
+    for edit in edits:
+        original = originals[edit.params["edit_of"]]
+        if original.valid and edit.valid and original.reward != edit.reward:
+            out.append(tuple(sorted((original, edit), key=lambda d: d.reward)))
+    return out
 
 
 def lm_instrumented(code: str) -> str | None:

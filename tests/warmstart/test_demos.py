@@ -194,3 +194,58 @@ def test_lm_instrumented_only_teaches_line_level_answers():
     out = pairs_lib.lm_instrumented(simple)
     assert out.splitlines()[1] == 'print("@@MILESTONE libraries_imported")'
     assert 'model.fit(X, X[:, 0])\nprint("@@MILESTONE model_trained")' in out
+
+
+@pytest.mark.parametrize("task_id", ["tweet-source", "diamonds-cut", "diamonds-price"])
+def test_edited_programs_differ_from_their_original_in_one_setting(task_id, data_root):
+    task = _task(task_id, data_root)
+    plain = demos.generate_programs(task, n=8, seed=0)
+    progs = demos.generate_programs(task, n=8, seed=0, edits=5)
+    assert [p.code for p in progs[:8]] == [p.code for p in plain]  # the originals unchanged
+    edits = progs[8:]
+    assert len(edits) == 5 and len({p.code for p in progs}) == 13
+    for e in edits:
+        o = progs[e.params["edit_of"]]
+        assert "edit_of" not in o.params and e.family == o.family
+        key = e.params["edited"]
+        assert e.params[key] != o.params[key]
+        same = {k: v for k, v in e.params.items() if k not in ("edit_of", "edited", key)}
+        assert same == {k: v for k, v in o.params.items() if k != key}  # features too
+        changed = [(a, b) for a, b in zip(o.code.splitlines(), e.code.splitlines()) if a != b]
+        assert len(o.code.splitlines()) == len(e.code.splitlines()) and len(changed) == 1
+        ast.parse(e.code)
+        assert e.plan != o.plan  # the plan states the setting
+    assert demos.generate_programs(task, n=8, seed=0, edits=5) == progs
+
+
+def test_edit_pairs_go_from_the_weaker_to_the_stronger(data_root):
+    from rl4mle_jax.env import prompts
+    from rl4mle_jax.warmstart.config import WarmStartConfig
+
+    def demo(code, valid, reward, **params):
+        return demo_runs.Demo("t", f"Fit {code}.", f"print({code!r})\n", "logistic", params,
+                              1.0, "ok", reward, valid, None, reward, [], f"scored {reward}")
+
+    originals = [demo("a", True, 0.7, C=1.0), demo("b", True, 0.5, C=2.0),
+                 demo("c", False, -10.0, C=1.0), demo("d", True, 0.6, C=5.0)]
+    edits = [demo("a2", True, 0.8, C=2.0, edit_of=0, edited="C"),   # better: a -> a2
+             demo("b2", True, 0.4, C=5.0, edit_of=1, edited="C"),   # worse: b2 -> b
+             demo("c2", True, 0.9, C=2.0, edit_of=2, edited="C"),   # original failed: none
+             demo("d2", True, 0.6, C=1.0, edit_of=3, edited="C")]   # same reward: none
+    got = pairs_lib.edit_pairs(originals, edits)
+    assert [(b.code, a.code) for b, a in got] == [(originals[0].code, edits[0].code),
+                                                  (edits[1].code, originals[1].code)]
+    # In training_pairs: the edited demos are neither solve answers nor random improve pairs;
+    # without edits the pairs are those of before.
+    task = _task("food-reviews", data_root)
+    cfg = WarmStartConfig(instrument_pairs_per_task=0)
+    pcfg = prompts.PromptConfig(max_prompt_tokens=4096)
+    count = prompts.approx_token_count
+    base = pairs_lib.training_pairs(task, originals, ["sklearn"], pcfg, count, cfg)
+    both = pairs_lib.training_pairs(task, originals + edits, ["sklearn"], pcfg, count, cfg)
+    extra = [p for p in both if p not in base]
+    assert [r for _, r, k in extra if k == "improve"] == [edits[0].response(),
+                                                         originals[1].response()]
+    assert len(both) == len(base) + 2 and set(base) <= set(both)
+    assert not {e.response() for e in edits} & {r for _, r, k in both if k == "solve"}
+    assert any(f"print({'a'!r})" in p for p, _, k in extra)  # the weaker one is the parent
