@@ -30,8 +30,10 @@ def training_pairs(task, demos: Sequence[Demo], libraries: Sequence[str],
                    prompt_config, count_tokens, cfg: WarmStartConfig
                    ) -> list[tuple[str, str, str]]:
     """(prompt, response, kind) for one task: every valid demo after the solve prompt of both
-    splits; improve prompts (an earlier demo and its outcome -> a better valid demo); and
-    instrumentation pairs (LM instrumenter prompt -> the program with milestone prints)."""
+    splits; improve prompts (an earlier demo and its outcome -> a better valid demo; and each
+    edited demo's weaker -> stronger of it and its original, `edit_pairs`); and
+    instrumentation pairs (LM instrumenter prompt -> the program with milestone prints).
+    Edited demos (`params["edit_of"]`) appear only in their edit pairs."""
     edits = [d for d in demos if "edit_of" in d.params]
     demos = [d for d in demos if "edit_of" not in d.params]  # the originals come first
     valid = sorted((d for d in demos if d.valid), key=lambda d: -d.reward)
@@ -41,14 +43,12 @@ def training_pairs(task, demos: Sequence[Demo], libraries: Sequence[str],
         pairs += [(text, d.response(), "solve") for d in valid]
     ctx = prompts.task_context(task, tuple(libraries), "reward", prompt_config)
     rng = np.random.default_rng(cfg.seed)
+    improve = []
     for _ in range(cfg.improve_pairs_per_task if valid else 0):
         before = demos[int(rng.integers(len(demos)))]
         better = [d for d in valid if not before.valid or d.reward > before.reward]
-        after = better[int(rng.integers(len(better)))] if better else valid[0]
-        text = prompts.improve_prompt(ctx, before.code, before.outcome, cfg=prompt_config,
-                                      chat_template=None, count_tokens=count_tokens).text
-        pairs.append((text, after.response(), "improve"))
-    for before, after in edit_pairs(demos, edits):
+        improve.append((before, better[int(rng.integers(len(better)))] if better else valid[0]))
+    for before, after in improve + edit_pairs(demos, edits):
         text = prompts.improve_prompt(ctx, before.code, before.outcome, cfg=prompt_config,
                                       chat_template=None, count_tokens=count_tokens).text
         pairs.append((text, after.response(), "improve"))
