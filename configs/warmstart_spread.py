@@ -23,9 +23,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval_seed = 0
     # warmstart.settings overrides. "average": the weights averaged over the last quarter of
     # the schedule (SWA); "slow": twice the steps at a third of the peak learning rate.
+    # "edits": improve pairs that change one setting of their parent (edit_pairs_per_task).
     c.variants = ml_collections.ConfigDict({
         "default": {},
         "average": {"average_last": 0.25},
         "slow": {"learning_rate": 1e-3, "steps": 480},
+        "edits": {"edit_pairs_per_task": 6},
     })
+    # Builds whose improve answers are judged too: `improve_parents` valid demonstrations as
+    # parents, `improve_per_parent` answers to each one's improve prompt, run and compared.
+    c.improve_variants = ("default", "edits")
+    c.improve_parents = 4
+    c.improve_per_parent = 8
     return c

@@ -83,6 +83,64 @@ def evaluate_build(config, task_name: str, settings: dict, n: int, eval_seed: in
             "families": ev["families"]}
 
 
+def evaluate_improve(config, task_name: str, hf_dir: str, n_parents: int, per_parent: int,
+                     eval_seed: int) -> dict:
+    """The build's improve answers: for each of its first `n_parents` valid demonstrations
+    (the originals, in generation order), `per_parent` answers to the improve prompt the loop
+    would render for it, run in the sandbox and compared with that parent's reward."""
+    import jax
+
+    from rl4mle_jax import components
+    from rl4mle_jax.env import prompts
+    from rl4mle_jax.env.actions import extract_action
+    from rl4mle_jax.env.sandbox import Sandbox
+    from rl4mle_jax.env.tasks import load_task
+    from rl4mle_jax.models.tokenizer import load_tokenizer
+    from rl4mle_jax.sampling import Sampler
+    from rl4mle_jax.warmstart.cache import load_warmstart
+    from rl4mle_jax.warmstart.demo_runs import run_demos
+    from rl4mle_jax.warmstart.demos import DemoProgram
+    from rl4mle_jax.warmstart.sft import bucket_len
+
+    cfg = copy.deepcopy(config)
+    cfg.task = task_name
+    sections = components.validate_config(cfg)
+    task = load_task(task_name, cfg.data_root or None)
+    sandbox = Sandbox(**sections["env"].sandbox_kwargs(task.timeout_s))
+    ws = load_warmstart(Path(hf_dir).parent)
+    tokenizer = load_tokenizer(ws.hf_dir)
+    pcfg = components._prompt_config(cfg, chat=False)
+    ctx = prompts.task_context(task, tuple(ws.stats["libraries"]), "reward", pcfg)
+    parents = [d for d in ws.demos if d.valid and "edit_of" not in d.params][:n_parents]
+    ids = [tokenizer.encode(prompts.improve_prompt(
+        ctx, d.code, d.outcome, cfg=pcfg, count_tokens=lambda t: len(tokenizer.encode(t))).text)
+        for d in parents]
+    sampler = Sampler(ws.model_config, tokenizer.stop_token_ids, tokenizer.pad_id,
+                      prompt_buckets=(bucket_len(max(map(len, ids)), 128),),
+                      max_new_tokens=cfg.prompt.max_response_tokens)
+    rng = jax.random.PRNGKey(eval_seed)
+    children: list[tuple[int, object]] = []
+    for i, p_ids in enumerate(ids):
+        out = sampler.generate(ws.params, [p_ids] * per_parent, jax.random.fold_in(rng, i),
+                               temperature=cfg.sampling.temperature)
+        for j in range(per_parent):
+            text = tokenizer.decode(out.tokens[j, : out.lengths[j]], skip_special_tokens=True)
+            children.append((i, extract_action(text)))
+    runnable = [(i, DemoProgram(a.plan, a.code, "sample", {})) for i, a in children if a.ok]
+    runs = run_demos(task, [p for _, p in runnable], sandbox,
+                     workers=cfg.warmstart.settings.workers, timeout_s=task.timeout_s)
+    n = len(children)
+    better = same = worse = copies = 0
+    for (i, prog), run in zip(runnable, runs):
+        copies += prog.code.strip() == parents[i].code.strip()
+        if run.valid:
+            d = run.reward - parents[i].reward
+            better, same, worse = better + (d > 0), same + (d == 0), worse + (d < 0)
+    valid = better + same + worse
+    return {"parents": len(parents), "n": n, "valid": valid, "valid_rate": valid / max(n, 1),
+            "better": better, "same": same, "worse": worse, "copies": copies}
+
+
 def spread_row(rates: list[float], n: int) -> dict:
     """Mean valid share over builds, their std (ddof 1), the std `n` binomial draws alone give
     around those shares, and the between-build std left once that is taken out."""
@@ -134,11 +192,46 @@ def write_results(root: Path, command: str, config) -> str:
             f"{np.nanmean([s['sd'] for s in stats]):.2f} | "
             f"{np.nanmean([s['build_sd'] for s in stats]):.2f} | "
             f"{min(s['min'] for s in stats):.2f} |")
+    judged = [r for r in rows if "improve" in r]
+    if judged:
+        lines += ["", f"Improve answers of each build ({config.improve_parents} valid "
+                  f"demonstrations as parents, {config.improve_per_parent} answers each, same "
+                  "temperature): valid share, and of the valid ones how many beat / equal / fall "
+                  "below their parent's reward; verbatim copies of the parent.", "",
+                  "| task | variant | valid per build | mean valid | better / same / worse | "
+                  "copies |", "|---|---|---|---|---|---|"]
+        for task in sorted({r["task"] for r in judged}):
+            for variant in config.variants:
+                got = sorted((r for r in judged if r["task"] == task and r["variant"] == variant),
+                             key=lambda r: r["seed"])
+                if not got:
+                    continue
+                imp = [r["improve"] for r in got]
+                per = ", ".join(f"{r['seed']}: {r['improve']['valid']}/{r['improve']['n']}"
+                                for r in got)
+                tot = {k: sum(i[k] for i in imp) for k in ("better", "same", "worse", "copies",
+                                                          "n")}
+                lines.append(f"| {task} | {variant} | {per} | "
+                             f"{np.mean([i['valid_rate'] for i in imp]):.2f} | "
+                             f"{tot['better']} / {tot['same']} / {tot['worse']} | "
+                             f"{tot['copies']}/{tot['n']} |")
     lines += ["", "Variants (warmstart.settings overrides): " + "; ".join(
         f"{k}: {dict(v) or 'none'}" for k, v in config.variants.items())]
     text = "\n".join(lines) + "\n"
     (root / "results.md").write_text(text)
     return text
+
+
+def _cells(config, variants):
+    """(seed, task as given, task id, variant, its result file's path), seed-major: a stopped
+    study has every variant at the seeds it reached."""
+    from rl4mle_jax.env.tasks import load_task
+
+    ids = {t: load_task(t, config.base.data_root or None).id for t in config.tasks.split(",")}
+    for seed in config.seeds:
+        for task_name, tid in ids.items():
+            for variant in variants:
+                yield seed, task_name, tid, variant
 
 
 def main(argv):
@@ -150,25 +243,36 @@ def main(argv):
     command = st.run_command("experiments/warmstart_spread.py", sys.argv[1:],
                              drop=("--only_tables",))
     commit = _commit()
-    for seed in config.seeds:  # seed-major: a stopped study has every variant at its seeds
-        for task_name in config.tasks.split(","):
-            for variant, overrides in config.variants.items():
-                if _ONLY_TABLES.value:
-                    continue
-                from rl4mle_jax.env.tasks import load_task
-
-                tid = load_task(task_name, config.base.data_root or None).id
-                out = root / tid / variant / f"seed{seed}.json"
-                if out.exists():
-                    continue
-                row = evaluate_build(config.base, task_name, {**dict(overrides), "seed": seed},
-                                     config.eval_samples, config.eval_seed)
-                row.update(variant=variant, seed=int(seed), commit=commit)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps(row, indent=2, default=str))
-                print(f"{tid} {variant} seed {seed}: {row['valid']}/{row['n']} valid "
-                      f"(own check {row['own_check']['valid_rate']:.2f} of "
-                      f"{row['own_check']['n']}; SFT {row['sft_s']:.0f}s)", flush=True)
+    todo = () if _ONLY_TABLES.value else tuple(config.variants)
+    for seed, task_name, tid, variant in _cells(config, todo):
+        out = root / tid / variant / f"seed{seed}.json"
+        if out.exists():
+            continue
+        row = evaluate_build(config.base, task_name,
+                             {**dict(config.variants[variant]), "seed": seed},
+                             config.eval_samples, config.eval_seed)
+        row.update(variant=variant, seed=int(seed), commit=commit)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(row, indent=2, default=str))
+        print(f"{tid} {variant} seed {seed}: {row['valid']}/{row['n']} valid (own check "
+              f"{row['own_check']['valid_rate']:.2f} of {row['own_check']['n']}; SFT "
+              f"{row['sft_s']:.0f}s)", flush=True)
+    # Then the improve answers of the variants that ask for them (added to the same files).
+    todo = () if _ONLY_TABLES.value else tuple(config.improve_variants)
+    for seed, task_name, tid, variant in _cells(config, todo):
+        out = root / tid / variant / f"seed{seed}.json"
+        if not out.exists():
+            continue
+        row = json.loads(out.read_text())
+        if "improve" in row:
+            continue
+        row["improve"] = evaluate_improve(config.base, task_name, row["hf_dir"],
+                                          config.improve_parents, config.improve_per_parent,
+                                          config.eval_seed)
+        out.write_text(json.dumps(row, indent=2, default=str))
+        i = row["improve"]
+        print(f"{tid} {variant} seed {seed} improve: {i['valid']}/{i['n']} valid, {i['better']} "
+              f"better / {i['same']} same / {i['worse']} worse", flush=True)
     root.mkdir(parents=True, exist_ok=True)
     print(write_results(root, command, config))
 
