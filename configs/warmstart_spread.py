@@ -22,12 +22,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval_samples = 32  # a build at 0.5 valid: +-0.09 (binomial sd) from the draw alone
     c.eval_seed = 0
     # warmstart.settings overrides. "average": the weights averaged over the last quarter of
-    # the schedule (SWA); "slow": twice the steps at a third of the peak learning rate.
-    # "edits": improve pairs that change one setting of their parent (edit_pairs_per_task).
+    # the schedule (SWA); "slow": twice the steps at a third of the peak learning rate;
+    # "low_lr": that rate at the default's steps; "edits": improve pairs that change one
+    # setting of their parent (edit_pairs_per_task).
     c.variants = ml_collections.ConfigDict({
         "default": {},
         "average": {"average_last": 0.25},
         "slow": {"learning_rate": 1e-3, "steps": 480},
+        "low_lr": {"learning_rate": 1e-3},
         "edits": {"edit_pairs_per_task": 6},
     })
     # Builds whose improve answers are judged too: `improve_parents` valid demonstrations as

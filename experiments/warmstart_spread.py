@@ -43,6 +43,8 @@ from rl4mle_jax import study as st  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/warmstart_spread.py")
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/ws_spread", "Output directory.")
 _ONLY_TABLES = flags.DEFINE_bool("only_tables", False, "Redraw from existing builds only.")
+_VARIANTS = flags.DEFINE_list("variants", None, "Build and judge only these variants, in this "
+                              "order (default: all of the config's); the tables cover every build.")
 flags.mark_flags_as_required(["config"])
 
 
@@ -241,9 +243,13 @@ def main(argv):
     compile_cache.enable()
     config, root = _CONFIG.value, Path(_WORKDIR.value)
     command = st.run_command("experiments/warmstart_spread.py", sys.argv[1:],
-                             drop=("--only_tables",))
+                             drop=("--only_tables", "--variants"))
     commit = _commit()
-    todo = () if _ONLY_TABLES.value else tuple(config.variants)
+    chosen = _VARIANTS.value or list(config.variants)
+    unknown = sorted(set(chosen) - set(config.variants))
+    if unknown:
+        raise app.UsageError(f"unknown variants {unknown}; the config has {list(config.variants)}")
+    todo = () if _ONLY_TABLES.value else chosen
     for seed, task_name, tid, variant in _cells(config, todo):
         out = root / tid / variant / f"seed{seed}.json"
         if out.exists():
@@ -258,7 +264,7 @@ def main(argv):
               f"{row['own_check']['valid_rate']:.2f} of {row['own_check']['n']}; SFT "
               f"{row['sft_s']:.0f}s)", flush=True)
     # Then the improve answers of the variants that ask for them (added to the same files).
-    todo = () if _ONLY_TABLES.value else tuple(config.improve_variants)
+    todo = () if _ONLY_TABLES.value else [v for v in config.improve_variants if v in chosen]
     for seed, task_name, tid, variant in _cells(config, todo):
         out = root / tid / variant / f"seed{seed}.json"
         if not out.exists():
