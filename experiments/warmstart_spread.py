@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 
 from rl4mle_jax import compile_cache  # noqa: E402
 from rl4mle_jax import study as st  # noqa: E402
+from rl4mle_jax.warmstart.check import spread_over_builds  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/warmstart_spread.py")
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/ws_spread", "Output directory.")
@@ -143,20 +144,19 @@ def evaluate_improve(config, task_name: str, hf_dir: str, n_parents: int, per_pa
             "better": better, "same": same, "worse": worse, "copies": copies}
 
 
-def spread_row(rates: list[float], n: int) -> dict:
-    """Mean valid share over builds, their std (ddof 1), the std `n` binomial draws alone give
-    around those shares, and the between-build std left once that is taken out."""
-    p = np.asarray(rates, float)
-    sd = float(p.std(ddof=1)) if len(p) > 1 else float("nan")
-    sampling = float(np.sqrt(np.mean(p * (1 - p)) / n))
-    build = float(np.sqrt(max(sd ** 2 - sampling ** 2, 0.0))) if len(p) > 1 else float("nan")
-    return {"mean": float(p.mean()), "sd": sd, "sampling_sd": sampling, "build_sd": build,
-            "min": float(p.min()), "max": float(p.max()), "builds": len(p)}
-
-
 def _commit() -> str:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+
+
+def _groups(rows: list[dict], variants):
+    """(task, variant, its rows by seed) for every task and variant that has rows."""
+    for task in sorted({r["task"] for r in rows}):
+        for variant in variants:
+            got = sorted((r for r in rows if r["task"] == task and r["variant"] == variant),
+                         key=lambda r: r["seed"])
+            if got:
+                yield task, variant, got
 
 
 def write_results(root: Path, command: str, config) -> str:
@@ -171,25 +171,19 @@ def write_results(root: Path, command: str, config) -> str:
              "| task | variant | valid per build (seed: k/N) | mean | sd | of which sampling | "
              "between builds | worst | SFT s |", "|---|---|---|---|---|---|---|---|---|"]
     pooled: dict[str, list] = {}
-    for task in sorted({r["task"] for r in rows}):
-        for variant in config.variants:
-            got = sorted((r for r in rows if r["task"] == task and r["variant"] == variant),
-                         key=lambda r: r["seed"])
-            if not got:
-                continue
-            s = spread_row([r["valid_rate"] for r in got], config.eval_samples)
-            pooled.setdefault(variant, []).append((s, got))
-            per = ", ".join(f"{r['seed']}: {r['valid']}/{r['n']}" for r in got)
-            lines.append(f"| {task} | {variant} | {per} | {s['mean']:.2f} | {s['sd']:.2f} | "
-                         f"{s['sampling_sd']:.2f} | {s['build_sd']:.2f} | {s['min']:.2f} | "
-                         f"{np.mean([r['sft_s'] for r in got]):.0f} |")
+    for task, variant, got in _groups(rows, config.variants):
+        s = spread_over_builds([r["valid_rate"] for r in got], config.eval_samples)
+        pooled.setdefault(variant, []).append(s)
+        per = ", ".join(f"{r['seed']}: {r['valid']}/{r['n']}" for r in got)
+        lines.append(f"| {task} | {variant} | {per} | {s['mean']:.2f} | {s['sd']:.2f} | "
+                     f"{s['sampling_sd']:.2f} | {s['build_sd']:.2f} | {s['min']:.2f} | "
+                     f"{np.mean([r['sft_s'] for r in got]):.0f} |")
     lines += ["", "Pooled over tasks (mean of the per-task values):", "",
               "| variant | tasks | builds | mean valid | sd | between builds | worst build |",
               "|---|---|---|---|---|---|---|"]
-    for variant, items in pooled.items():
-        stats = [s for s, _ in items]
+    for variant, stats in pooled.items():
         lines.append(
-            f"| {variant} | {len(items)} | {sum(s['builds'] for s in stats)} | "
+            f"| {variant} | {len(stats)} | {sum(s['builds'] for s in stats)} | "
             f"{np.mean([s['mean'] for s in stats]):.2f} | "
             f"{np.nanmean([s['sd'] for s in stats]):.2f} | "
             f"{np.nanmean([s['build_sd'] for s in stats]):.2f} | "
@@ -202,21 +196,16 @@ def write_results(root: Path, command: str, config) -> str:
                   "below their parent's reward; verbatim copies of the parent.", "",
                   "| task | variant | valid per build | mean valid | better / same / worse | "
                   "copies |", "|---|---|---|---|---|---|"]
-        for task in sorted({r["task"] for r in judged}):
-            for variant in config.variants:
-                got = sorted((r for r in judged if r["task"] == task and r["variant"] == variant),
-                             key=lambda r: r["seed"])
-                if not got:
-                    continue
-                imp = [r["improve"] for r in got]
-                per = ", ".join(f"{r['seed']}: {r['improve']['valid']}/{r['improve']['n']}"
-                                for r in got)
-                tot = {k: sum(i[k] for i in imp) for k in ("better", "same", "worse", "copies",
-                                                          "n")}
-                lines.append(f"| {task} | {variant} | {per} | "
-                             f"{np.mean([i['valid_rate'] for i in imp]):.2f} | "
-                             f"{tot['better']} / {tot['same']} / {tot['worse']} | "
-                             f"{tot['copies']}/{tot['n']} |")
+        for task, variant, got in _groups(judged, config.variants):
+            imp = [r["improve"] for r in got]
+            per = ", ".join(f"{r['seed']}: {r['improve']['valid']}/{r['improve']['n']}"
+                            for r in got)
+            tot = {k: sum(i[k] for i in imp) for k in ("better", "same", "worse", "copies",
+                                                      "n")}
+            lines.append(f"| {task} | {variant} | {per} | "
+                         f"{np.mean([i['valid_rate'] for i in imp]):.2f} | "
+                         f"{tot['better']} / {tot['same']} / {tot['worse']} | "
+                         f"{tot['copies']}/{tot['n']} |")
     lines += ["", "Variants (warmstart.settings overrides): " + "; ".join(
         f"{k}: {dict(v) or 'none'}" for k, v in config.variants.items())]
     text = "\n".join(lines) + "\n"

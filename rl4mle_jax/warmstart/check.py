@@ -84,3 +84,16 @@ def instrument_accept_rate(config: Qwen2Config, params: Params, tokenizer: Token
         reasons[key] = reasons.get(key, 0) + 1
     return {"n": len(codes), "accept_rate": reasons.get("accepted", 0) / max(len(codes), 1),
             "outcomes": reasons}
+
+
+def spread_over_builds(rates: Sequence[float], n: int) -> dict:
+    """Valid shares of several builds, each from `n` independent draws: their mean, their std
+    over builds (ddof 1), the std that `n` binomial draws alone give around those shares
+    (sqrt(mean p(1 - p) / n)), the between-build std left once that is taken out
+    (sqrt(max(sd^2 - sampling^2, 0))), and the worst and best build."""
+    p = np.asarray(rates, float)
+    sd = float(p.std(ddof=1)) if len(p) > 1 else float("nan")
+    sampling = float(np.sqrt(np.mean(p * (1 - p)) / n))
+    build = float(np.sqrt(max(sd ** 2 - sampling ** 2, 0.0))) if len(p) > 1 else float("nan")
+    return {"mean": float(p.mean()), "sd": sd, "sampling_sd": sampling, "build_sd": build,
+            "min": float(p.min()), "max": float(p.max()), "builds": len(p)}
