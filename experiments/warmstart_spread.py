@@ -20,7 +20,6 @@ between-build standard deviation, the part of it that `eval_samples` draws alone
 import copy
 import json
 import logging
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,8 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 from rl4mle_jax.allocator import reexec_with_tcmalloc  # noqa: E402
 
 if __name__ == "__main__":
@@ -49,23 +49,31 @@ _VARIANTS = flags.DEFINE_list("variants", None, "Build and judge only these vari
 flags.mark_flags_as_required(["config"])
 
 
-def evaluate_build(config, task_name: str, settings: dict, n: int, eval_seed: int) -> dict:
-    """Builds (or loads) the loop's warm start with `settings` and samples it `n` times."""
-    import jax
-
+def _task_run(config, task_name: str, settings: dict):
+    """(the loop's config for `task_name` with these warm-start settings, validated; the task;
+    the sandbox the loop would run its programs in)."""
     from rl4mle_jax import components
-    from rl4mle_jax.env import prompts
     from rl4mle_jax.env.sandbox import Sandbox
     from rl4mle_jax.env.tasks import load_task
-    from rl4mle_jax.models.tokenizer import load_tokenizer
-    from rl4mle_jax.warmstart.check import sample_and_run
 
     cfg = copy.deepcopy(config)
     cfg.task = task_name
     cfg.warmstart.settings.update(settings)
     sections = components.validate_config(cfg)
     task = load_task(task_name, cfg.data_root or None)
-    sandbox = Sandbox(**sections["env"].sandbox_kwargs(task.timeout_s))
+    return cfg, task, Sandbox(**sections["env"].sandbox_kwargs(task.timeout_s))
+
+
+def evaluate_build(config, task_name: str, settings: dict, n: int, eval_seed: int) -> dict:
+    """Builds (or loads) the loop's warm start with `settings` and samples it `n` times."""
+    import jax
+
+    from rl4mle_jax import components
+    from rl4mle_jax.env import prompts
+    from rl4mle_jax.models.tokenizer import load_tokenizer
+    from rl4mle_jax.warmstart.check import sample_and_run
+
+    cfg, task, sandbox = _task_run(config, task_name, settings)
     libraries = sorted(prompts.probe_libraries(sandbox, input_dir=task.input_dir("reward")))
     t0 = time.time()
     ws = components.build_warmstart_for(cfg, [task], sandbox, libraries)
@@ -96,8 +104,6 @@ def evaluate_improve(config, task_name: str, hf_dir: str, n_parents: int, per_pa
     from rl4mle_jax import components
     from rl4mle_jax.env import prompts
     from rl4mle_jax.env.actions import extract_action
-    from rl4mle_jax.env.sandbox import Sandbox
-    from rl4mle_jax.env.tasks import load_task
     from rl4mle_jax.models.tokenizer import load_tokenizer
     from rl4mle_jax.sampling import Sampler
     from rl4mle_jax.warmstart.cache import load_warmstart
@@ -105,11 +111,7 @@ def evaluate_improve(config, task_name: str, hf_dir: str, n_parents: int, per_pa
     from rl4mle_jax.warmstart.demos import DemoProgram
     from rl4mle_jax.warmstart.sft import bucket_len
 
-    cfg = copy.deepcopy(config)
-    cfg.task = task_name
-    sections = components.validate_config(cfg)
-    task = load_task(task_name, cfg.data_root or None)
-    sandbox = Sandbox(**sections["env"].sandbox_kwargs(task.timeout_s))
+    cfg, task, sandbox = _task_run(config, task_name, {})
     ws = load_warmstart(Path(hf_dir).parent)
     tokenizer = load_tokenizer(ws.hf_dir)
     pcfg = components._prompt_config(cfg, chat=False)
@@ -144,11 +146,6 @@ def evaluate_improve(config, task_name: str, hf_dir: str, n_parents: int, per_pa
             "better": better, "same": same, "worse": worse, "copies": copies}
 
 
-def _commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
-
-
 def _groups(rows: list[dict], variants):
     """(task, variant, its rows by seed) for every task and variant that has rows."""
     for task in sorted({r["task"] for r in rows}):
@@ -161,7 +158,7 @@ def _groups(rows: list[dict], variants):
 
 def write_results(root: Path, command: str, config) -> str:
     rows = [json.loads(p.read_text()) for p in sorted(root.glob("*/*/seed*.json"))]
-    commit = _commit()
+    commit = st.git_commit(ROOT)
     lines = ["# The warm start's spread between builds\n",
              f"`{command}` (at {commit}; builds from {len({r['commit'] for r in rows})} "
              f"commit(s): {', '.join(sorted({r['commit'] for r in rows}))})\n",
@@ -233,7 +230,7 @@ def main(argv):
     config, root = _CONFIG.value, Path(_WORKDIR.value)
     command = st.run_command("experiments/warmstart_spread.py", sys.argv[1:],
                              drop=("--only_tables", "--variants"))
-    commit = _commit()
+    commit = st.git_commit(ROOT)
     chosen = _VARIANTS.value or list(config.variants)
     unknown = sorted(set(chosen) - set(config.variants))
     if unknown:

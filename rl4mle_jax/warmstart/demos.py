@@ -390,9 +390,9 @@ def generate_programs(task, profile: DataProfile | None = None, n: int = 16, see
         seen.add(prog.code)
         programs.append(prog)
         states.append(state)
-    pick = random.Random(f"{task.id}:{seed}:edits")
+    pick, edited = random.Random(f"{task.id}:{seed}:edits"), 0
     for i, (prog, state) in enumerate(list(zip(programs, states))):
-        if sum("edit_of" in p.params for p in programs) >= edits:
+        if edited >= edits:
             break
         tunable = [k for k in _PARAM_GRID if k in prog.params and len(_PARAM_GRID[k]) > 1
                    and not (k == "n" and profile.text_column)]  # 100 trees on text: fixed
@@ -406,6 +406,7 @@ def generate_programs(task, profile: DataProfile | None = None, n: int = 16, see
         if edit.code in seen:
             continue
         seen.add(edit.code)
+        edited += 1
         programs.append(dataclasses.replace(edit, params={**edit.params, "edit_of": i,
                                                           "edited": key}))
     return programs
