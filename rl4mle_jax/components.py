@@ -16,8 +16,15 @@ import jax.numpy as jnp
 
 from rl4mle_jax import models, run_config, sharding
 from rl4mle_jax.env import prompts as prompts_lib
-from rl4mle_jax.env.baselines import ensure_reference_scores
-from rl4mle_jax.env.reward import RewardConfig, normalise_score, valid_floor
+from rl4mle_jax.env.baselines import ensure_reference_scores, ensure_reference_se
+from rl4mle_jax.env.reward import (
+    AUTO_FLIPPED_MAX_ABS,
+    RESCALE_MIN_SE,
+    RewardConfig,
+    normalise_score,
+    rescale_unit,
+    valid_floor,
+)
 from rl4mle_jax.env.sandbox import Sandbox
 from rl4mle_jax.env.tasks import default_data_root
 from rl4mle_jax.env.validate import validate_task
@@ -210,6 +217,9 @@ def build_components(config: Any, workdir: Path) -> Components:
                         "score (under 'auto', at least a failure's with every milestone); "
                         "record references with `python -m rl4mle_jax.env calibrate DIR "
                         "--write`", t.id, sections["reward"].normalisation)
+        if needs_refs and _rescales(t, sections["reward"]):
+            ensure_reference_se(t, box, ref_cache / "_references", log.info)
+            _log_rescale_unit(t, sections["reward"])
     if len(tasks) > 1:
         _check_multitask_reward(tasks, sections["reward"])
     for t in tasks:
@@ -259,6 +269,27 @@ def build_components(config: Any, workdir: Path) -> Components:
     return comps
 
 
+def _rescales(task: Any, reward: RewardConfig) -> bool:
+    """Whether the reward puts this task's scores on its references' scale ("rescaled", or
+    "auto" where the baseline is over AUTO_FLIPPED_MAX_ABS in size)."""
+    base = ((task.reference_scores or {}).get("reward") or {}).get(reward.baseline_key)
+    if base is None:
+        return False
+    return reward.normalisation == "rescaled" or abs(base) > AUTO_FLIPPED_MAX_ABS
+
+
+def _log_rescale_unit(task: Any, reward: RewardConfig) -> None:
+    refs = task.reference_scores["reward"]
+    se = (task.reference_se or {}).get("reward")
+    unit = rescale_unit(refs, reward, se)
+    gap = unit if se is None else rescale_unit(refs, reward)
+    log.info("task %s: one unit of the rescaled reward is a %s difference of %.4g (the "
+             "references' gap %.4g%s)", task.id, task.metric, unit, gap,
+             "" if se is None else f"; at least {RESCALE_MIN_SE:g} x the split's standard "
+             f"error {se:.4g}" + (", which is larger: the gap is below what the split "
+                                  "resolves" if unit > gap else ""))
+
+
 def _check_valid_beats_failure(task: Any, reward: RewardConfig) -> None:
     """Warn where the task's own baseline, a valid submission, would be rewarded no better than
     a failure with every milestone (e.g. an RMSE of 22.8 flipped to -22.8 against -9.4): the
@@ -267,7 +298,8 @@ def _check_valid_beats_failure(task: Any, reward: RewardConfig) -> None:
     base = refs.get(reward.baseline_key)
     if base is None:
         return
-    value, used = normalise_score(float(base), task.direction, refs, reward)
+    value, used = normalise_score(float(base), task.direction, refs, reward,
+                                  (task.reference_se or {}).get("reward"))
     best_failure = valid_floor(reward)  # a failure that reached every milestone
     if value <= best_failure:
         log.warning("task %s: its baseline (%s %.4g on the reward split) gets reward %.3g under "

@@ -361,7 +361,8 @@ def test_a_reward_that_pays_valid_programs_less_than_failures_is_named(caplog):
 
     task = types.SimpleNamespace(id="hotel-rates", metric="rmse", direction="lower",
                                  reference_scores={"reward": {"baseline": 22.77,
-                                                              "strong": 14.30}})
+                                                              "strong": 14.30}},
+                                 reference_se={})
     with caplog.at_level(logging.WARNING, logger=components.log.name):
         components._check_valid_beats_failure(task, RewardConfig())
     assert "hotel-rates" in caplog.text and "learn to fail" in caplog.text, caplog.text
@@ -371,7 +372,40 @@ def test_a_reward_that_pays_valid_programs_less_than_failures_is_named(caplog):
             components._check_valid_beats_failure(task, RewardConfig(normalisation=norm))
         assert not caplog.text, (norm, caplog.text)
     auc = types.SimpleNamespace(id="t", metric="auc", direction="higher",
-                                reference_scores={"reward": {"baseline": 0.86}})
+                                reference_scores={"reward": {"baseline": 0.86}}, reference_se={})
     with caplog.at_level(logging.WARNING, logger=components.log.name):
         components._check_valid_beats_failure(auc, RewardConfig())
     assert not caplog.text
+
+
+def test_the_rescaled_unit_is_logged_where_the_reward_rescales(caplog):
+    """build_components measures a split's standard error only for a task whose reward
+    rescales ("rescaled"; "auto" with a baseline over 1 in size), and logs the unit, saying
+    when the split's noise, not the references' gap, set it."""
+    import logging
+    import types
+
+    from rl4mle_jax import components
+    from rl4mle_jax.env.reward import RewardConfig
+
+    def task(base, strong, se=None):
+        return types.SimpleNamespace(id="t", metric="mae", direction="lower",
+                                     reference_scores={"reward": {"baseline": base,
+                                                                  "strong": strong}},
+                                     reference_se={} if se is None else {"reward": se})
+    auto, rescaled = RewardConfig(normalisation="auto"), RewardConfig(normalisation="rescaled")
+    assert components._rescales(task(12271.7, 11652.0), auto)
+    assert not components._rescales(task(0.86, 0.87), auto)
+    assert components._rescales(task(0.86, 0.87), rescaled)
+    assert not components._rescales(types.SimpleNamespace(reference_scores={}), rescaled)
+    with caplog.at_level(logging.INFO, logger=components.log.name):
+        components._log_rescale_unit(task(12271.7, 11652.0, 1200.0), auto)
+    assert "difference of 2400" in caplog.text and "below what the split resolves" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=components.log.name):
+        components._log_rescale_unit(task(22.77, 14.30, 1.0), auto)
+    assert "difference of 8.47" in caplog.text and "resolves" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=components.log.name):
+        components._log_rescale_unit(task(22.77, 14.30), auto)
+    assert "difference of 8.47" in caplog.text and "standard error" not in caplog.text

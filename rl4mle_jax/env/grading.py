@@ -79,6 +79,9 @@ class GradeReport:
     # The metric on BOOTSTRAP_REPLICATES fixed resamples of the rows (None: not computed; NaN
     # where a resample leaves the metric undefined). Host-side only: no prompt shows it.
     score_boot: list[float] | None = None
+    # The standard error of a typical valid score on this split (Task.reference_se), which
+    # floors the "rescaled" reward's unit (env.reward.normalise_score); None: not measured.
+    reference_se: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -321,7 +324,7 @@ def _score(task: Task, split: str, data: bytes, ans: pd.DataFrame
 def _base(task: Task, split: str, source: str) -> dict[str, Any]:
     return dict(task_id=task.id, split=split, metric=task.metric, direction=task.direction,
                 reference_scores=dict(task.reference_scores.get(split, {})),
-                submission_path=source)
+                reference_se=(task.reference_se or {}).get(split), submission_path=source)
 
 
 def invalid_report(task: Task, split: str, source: str, reason: str, message: str

@@ -48,6 +48,14 @@ NORMALISATIONS = ("raw", "flipped", "rescaled", "auto")
 # rescaled against the references where it does not (an RMSE of 22.8 in a price's units,
 # flipped, would pay a valid program -22.8, less than a failure).
 AUTO_FLIPPED_MAX_ABS = 1.0
+# "rescaled" (and "auto" where it rescales): one reward unit is the baseline-to-strong gap on
+# the reward split, but never less than this many standard errors of a score there (the
+# task's `reference_se`). A gap below what the split resolves (titanic-survival's references
+# differ by 0.0096 AUC, a score's standard error there is ~0.02) would otherwise pay a
+# noise-level difference between two programs several reward units, and with a failure at
+# -10 a valid program slightly worse than the baseline would be paid about what a failure is.
+# Two: a difference the split resolves at ~95% confidence is worth at most one unit.
+RESCALE_MIN_SE = 2.0
 # Where milestone credit comes from: "witness" (a printed marker with the nonce that the
 # witness corroborates; markers alone when no witness ran), "markers" (the paper's rule: printed
 # markers with the nonce, no corroboration; forgeable, kept for reproducing the paper).
@@ -130,9 +138,11 @@ class RewardRecord:
 
 
 # ---------------------------------------------------------------- helpers
-def normalise_score(score: float, direction: str, refs: dict, cfg: RewardConfig
-                    ) -> tuple[float, str]:
-    """Score in the configured scale; returns (value, normalisation actually used)."""
+def normalise_score(score: float, direction: str, refs: dict, cfg: RewardConfig,
+                    se: float | None = None) -> tuple[float, str]:
+    """Score in the configured scale; returns (value, normalisation actually used). `se`: the
+    standard error of a score on the split (GradeReport.reference_se), which floors the
+    rescaled unit at RESCALE_MIN_SE x se (`rescale_unit`)."""
     if direction not in ("higher", "lower"):
         raise ValueError(f"direction must be 'higher' or 'lower', got {direction!r}")
     sign = oriented_score(1.0, direction)  # +1 when higher is better, else -1
@@ -146,10 +156,20 @@ def normalise_score(score: float, direction: str, refs: dict, cfg: RewardConfig
             "flipped (auto, no reference scores)"
     if base is None:
         return sign * score, "flipped (no reference scores)"
-    strong = refs.get(cfg.strong_key)
-    scale = abs(strong - base) if strong is not None and strong != base else max(abs(base), 1e-8)
+    scale = rescale_unit(refs, cfg, se)
     return sign * (score - base) / scale, "rescaled (auto)" if cfg.normalisation == "auto" \
         else "rescaled"
+
+
+def rescale_unit(refs: dict, cfg: RewardConfig, se: float | None = None) -> float:
+    """The score difference worth one reward unit under "rescaled": |strong - baseline| on the
+    split (|baseline| where there is no strong reference or it equals the baseline), at least
+    RESCALE_MIN_SE x `se` where the split's standard error is known."""
+    base, strong = refs[cfg.baseline_key], refs.get(cfg.strong_key)
+    scale = abs(strong - base) if strong is not None and strong != base else max(abs(base), 1e-8)
+    if se is not None and math.isfinite(se):
+        scale = max(scale, RESCALE_MIN_SE * se)
+    return scale
 
 
 def reward_replicates(records: Sequence[dict | None], cfg: RewardConfig) -> np.ndarray | None:
@@ -164,7 +184,8 @@ def reward_replicates(records: Sequence[dict | None], cfg: RewardConfig) -> np.n
             rows.append(None)
             continue
         refs = grade.get("reference_scores") or {}
-        value, _ = normalise_score(np.asarray(boot, np.float64), rec["direction"], refs, cfg)
+        value, _ = normalise_score(np.asarray(boot, np.float64), rec["direction"], refs, cfg,
+                                   grade.get("reference_se"))
         rows.append(np.asarray(value, np.float64))
     k = max((r.size for r in rows if r is not None), default=0)
     if k == 0:
@@ -311,17 +332,20 @@ def compute_reward(action: Action | None, program: InstrumentedProgram | None, e
     rec.direction = _get(grade_report, "direction")
     refs = _get(grade_report, "reference_scores", {}) or {}
     rec.score = score
-    rec.normalised_score, rec.normalisation = normalise_score(score, rec.direction, refs, cfg)
+    rec.normalised_score, rec.normalisation = normalise_score(
+        score, rec.direction, refs, cfg, _get(grade_report, "reference_se"))
     rec.status, rec.reward = "valid", rec.normalised_score
-    if cfg.normalisation == "auto":  # never below a failure with every milestone
+    if cfg.normalisation in ("auto", "rescaled"):  # never below a failure with every milestone
         rec.reward = max(rec.reward, valid_floor(cfg))
     return rec
 
 
 def valid_floor(cfg: RewardConfig) -> float:
-    """The least a valid submission is paid under "auto": what a failure that reached every
-    milestone gets (a valid run reached them all). An unbounded loss (an RMSE of 1e12 from a
-    program that predicts garbage) would otherwise outweigh a whole batch; normalised_score
-    keeps the unclipped value."""
+    """The least a valid submission is paid under "auto" and "rescaled": what a failure that
+    reached every milestone gets (a valid run reached them all). An unbounded loss (an RMSE of
+    1e12 from a program that predicts garbage) would otherwise outweigh a whole batch, and a
+    weak valid program on a task whose references are close would be paid less than a failure
+    (the policy would learn to fail); normalised_score keeps the unclipped value. The paper's
+    "flipped" and "raw" are left as they are."""
     return cfg.failure_reward + cfg.milestone_reward * len(cfg.milestones)
 

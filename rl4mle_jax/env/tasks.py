@@ -63,6 +63,9 @@ class Task:
     reward_seed: int = REWARD_SEED
     reward_root: Path | None = None  # where the reward view lives
     extra: dict = field(default_factory=dict)  # other task.json fields, kept verbatim
+    # {split: standard error of a typical valid score there}, measured at run time where the
+    # reward rescales (env.baselines.ensure_reference_se); never part of task.json.
+    reference_se: dict = field(default_factory=dict, repr=False, compare=False)
     _reward_ready: bool = field(default=False, repr=False, compare=False)
 
     @property
@@ -145,7 +148,8 @@ class Task:
     def to_spec(self) -> dict[str, Any]:
         """The task.json form of this task."""
         d = asdict(self)
-        for k in ("root", "reward_root", "layout", "description", "extra", "_reward_ready"):
+        for k in ("root", "reward_root", "layout", "description", "extra", "_reward_ready",
+                  "reference_se"):
             d.pop(k)
         return {**self.extra, **d}
 

@@ -196,7 +196,8 @@ def load_references(comps: Any, reference_file: str = "") -> list[dict[str, Any]
             if d.get("valid") and d.get("reward") is not None:
                 reward = float(d["reward"]) if d.get("score") is None else normalise_score(
                     float(d["score"]), task.direction,
-                    (task.reference_scores or {}).get("reward", {}), comps.reward_cfg)[0]
+                    (task.reference_scores or {}).get("reward", {}), comps.reward_cfg,
+                    (task.reference_se or {}).get("reward"))[0]
                 refs.append({"origin": f"demonstration ({d.get('family')})", "plan": d["plan"],
                              "code": d["code"], "reward": reward, "score": d.get("score")})
     if reference_file:

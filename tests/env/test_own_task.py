@@ -354,6 +354,49 @@ def test_a_task_without_references_gets_its_generated_ones_measured_once(own_tas
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
 
 
+def test_reference_se_is_the_baselines_spread_over_the_graders_resamples(own_tasks, tmp_path,
+                                                                        monkeypatch):
+    """ensure_reference_se: the sample std of the generated baseline's score over the grader's
+    paired resamples of the reward split (an independent run of the same program gives the same
+    replicates), in memory and in every later reward-split grade report, cached by content;
+    a baseline without replicates gives no floor and says so."""
+    from types import SimpleNamespace
+
+    from rl4mle_jax.env import baselines
+    from rl4mle_jax.env.execute import default_sandbox
+
+    tasks, data = own_tasks
+    task = load_task(tasks["boston"], data_root=data)
+    box = default_sandbox(task.timeout_s)
+    ref = baselines.run_baseline(task, "baseline", "reward", sandbox=box).grade
+    assert ref.valid and ref.reference_se is None and len(ref.score_boot) >= 32
+    want = float(np.std(ref.score_boot, ddof=1))
+    assert 0 < want < ref.score  # an RMSE's standard error on ~80 rows
+    logs, cache = [], tmp_path / "refs"
+    assert baselines.ensure_reference_se(task, box, cache, logs.append) == pytest.approx(want)
+    assert task.reference_se == {"reward": pytest.approx(want)} and "measured in" in logs[-1]
+    after = baselines.run_baseline(task, "baseline", "reward", sandbox=box).grade
+    assert after.reference_se == pytest.approx(want)
+    test_split = baselines.run_baseline(task, "baseline", "test", sandbox=box).grade
+    assert test_split.valid and test_split.reference_se is None
+    assert "reference_se" not in task.to_spec()  # never written to task.json
+    # Cached: a fresh load measures nothing; a task that has one keeps it.
+    monkeypatch.setattr(baselines, "run_baseline", lambda *a, **k: pytest.fail("re-measured"))
+    again = load_task(tasks["boston"], data_root=data)
+    assert again.reference_se == {}
+    assert baselines.ensure_reference_se(again, None, cache, logs.append) == pytest.approx(want)
+    assert "cached in" in logs[-1]
+    again.reference_se = {"reward": 7.0}
+    assert baselines.ensure_reference_se(again, None, tmp_path / "none", logs.append) == 7.0
+    assert not (tmp_path / "none").exists()
+    # No replicates (a split over the grader's limits): no floor, named.
+    monkeypatch.setattr(baselines, "run_baseline", lambda *a, **k: SimpleNamespace(
+        grade=SimpleNamespace(score_boot=None)))
+    other = load_task(tasks["boston"], data_root=data)
+    assert baselines.ensure_reference_se(other, None, tmp_path / "x", logs.append) is None
+    assert "no noise floor" in logs[-1] and other.reference_se == {}
+
+
 def test_references_that_cannot_be_measured_are_named_and_the_run_goes_on(own_tasks, tmp_path,
                                                                            monkeypatch):
     from types import SimpleNamespace

@@ -78,6 +78,50 @@ def test_rescaled_against_reference_scores():
         normalise_score(1.0, "up", {}, cfg)
 
 
+@pytest.mark.parametrize("norm", ["rescaled", "auto"])
+def test_rescaled_unit_is_at_least_two_standard_errors_of_the_split(norm):
+    """Where the references' gap is below what the split resolves, one reward unit is
+    RESCALE_MIN_SE standard errors of a score there (NumPy reference); a gap above it, or no
+    standard error, keeps the gap. The map stays affine and increasing in the oriented score,
+    and the record, its replicates and the reward agree."""
+    import numpy as np
+
+    from rl4mle_jax.env.reward import RESCALE_MIN_SE, rescale_unit
+    assert RESCALE_MIN_SE == 2.0
+    cfg = RewardConfig(normalisation=norm)
+    # An MAE in price units (auto rescales it): references 620 apart, a score's SE 1200.
+    refs, se = {"baseline": 12271.7, "strong": 11652.0}, 1200.0
+    scores = np.array([10000.0, 11652.0, 12271.7, 14530.8, 30000.0])
+    want = -(scores - 12271.7) / max(abs(11652.0 - 12271.7), 2.0 * se)
+    got = np.array([normalise_score(x, "lower", refs, cfg, se)[0] for x in scores])
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert np.all(np.diff(got) < 0)  # lower MAE, more reward
+    assert rescale_unit(refs, cfg, se) == pytest.approx(2400.0)
+    # Without a standard error, or with one the gap exceeds: the gap, as before.
+    for small in (None, 100.0, float("nan")):
+        np.testing.assert_allclose(
+            [normalise_score(x, "lower", refs, cfg, small)[0] for x in scores],
+            -(scores - 12271.7) / 619.7, rtol=1e-12)
+    # A strong reference worse than the baseline (a small split's noise) keeps the sign.
+    auc = {"baseline": 3.8439, "strong": 3.8342}  # a score over 1 in size, so auto rescales too
+    assert normalise_score(3.8639, "higher", auc, cfg, 0.02)[0] == pytest.approx(0.02 / 0.04)
+    # compute_reward reads the grade report's reference_se; the replicates use it too.
+    g = _grade(score=14530.8, direction="lower", refs=refs)
+    g.reference_se, g.score_boot = se, [14000.0, 15000.0]
+    rec = _reward(grade=g, cfg=cfg)
+    assert rec.reward == pytest.approx(got[3]) and rec.normalised_score == pytest.approx(got[3])
+    reps = reward_replicates([json.loads(json.dumps(rec.to_dict()))], cfg)
+    np.testing.assert_allclose(reps[0], [-(14000.0 - 12271.7) / 2400.0,
+                                         -(15000.0 - 12271.7) / 2400.0], rtol=1e-12)
+    # The flipped reward (the paper's) ignores it.
+    assert normalise_score(0.8, "higher", refs, RewardConfig(), se) == (0.8, "flipped")
+    # A valid program far below the references is paid what a failure with every milestone is,
+    # no less (the unclipped value stays in the record), under either normalisation.
+    from rl4mle_jax.env.reward import valid_floor
+    far = _reward(grade=_grade(score=1e6, direction="lower", refs=refs), cfg=cfg)
+    assert far.reward == pytest.approx(valid_floor(cfg)) and far.normalised_score < -100
+
+
 def test_auto_keeps_the_paper_flip_unless_the_baseline_is_large():
     """"auto": flipped where the baseline scores within AUTO_FLIPPED_MAX_ABS of 0, rescaled
     where not, so a valid submission is never paid less than a failure for its units."""

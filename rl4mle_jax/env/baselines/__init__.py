@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 BASELINE_DIR = Path(__file__).resolve().parent
 KINDS = ("baseline", "strong")
 
@@ -98,8 +100,6 @@ def ensure_reference_scores(task, sandbox, cache_dir: str | os.PathLike,
     solution that fails is logged and left out; the cache keeps that outcome too (each run
     would otherwise pay the failure again), so delete the file the log names to measure anew.
     Returns whether the task now has a reward-split `baseline_key` score."""
-    from rl4mle_jax.env.datasets.splits import sha256_file_cached
-
     def has_baseline() -> bool:
         return (task.reference_scores or {}).get("reward", {}).get(baseline_key) is not None
 
@@ -111,10 +111,7 @@ def ensure_reference_scores(task, sandbox, cache_dir: str | os.PathLike,
         log(f"task {task.id}: no reference solutions could be generated for its data "
             f"({type(e).__name__}: {e})")
         return False
-    key = hashlib.sha256(json.dumps(
-        [task.fingerprint()["digest"], sha256_file_cached(task.answers_path("test")), codes,
-         task.timeout_s]).encode()).hexdigest()[:16]
-    path = Path(cache_dir) / f"{task.id}-{key}.json"
+    path = Path(cache_dir) / f"{task.id}-{_cache_key(task, codes)}.json"
     try:
         measured = json.loads(path.read_text())
         how = f"cached in {path}"
@@ -142,3 +139,59 @@ def ensure_reference_scores(task, sandbox, cache_dir: str | os.PathLike,
         f"baseline and strong solutions ({how}) are used: {task.reference_scores}; `python -m "
         f"rl4mle_jax.env calibrate {task.root} --write` records them")
     return has_baseline()
+
+
+def _cache_key(task, codes) -> str:
+    """What a measured reference depends on: the task's content, its test answers, the
+    generated programs and the time limit."""
+    from rl4mle_jax.env.datasets.splits import sha256_file_cached
+
+    return hashlib.sha256(json.dumps(
+        [task.fingerprint()["digest"], sha256_file_cached(task.answers_path("test")), codes,
+         task.timeout_s]).encode()).hexdigest()[:16]
+
+
+def ensure_reference_se(task, sandbox, cache_dir: str | os.PathLike,
+                        log: Callable[[str], None] = lambda s: None) -> float | None:
+    """The standard error of a typical valid score on the reward split: the spread of the
+    generated baseline solution's score over the grader's paired resamples of the split's rows
+    (`GradeReport.score_boot`), measured once per task and cached; set as
+    `task.reference_se["reward"]`, where the grader passes it to every grade report.
+
+    The "rescaled" reward divides by the baseline-to-strong gap; on a small split that gap can
+    be far below what the split resolves (titanic-survival: 0.0096 AUC against a standard
+    error of ~0.02), and every noise-level difference between two programs would then be paid
+    whole reward units. `env.reward.normalise_score` keeps the unit at least RESCALE_MIN_SE
+    of these standard errors. Returns the SE, or None where the baseline did not score or the
+    grader kept no resamples (splits over its size or time limits: their SE is small anyway)."""
+    if (task.reference_se or {}).get("reward") is not None:
+        return task.reference_se["reward"]
+    try:
+        code = reference_code(task, "baseline")
+    except Exception as e:  # noqa: BLE001 - data the generator cannot profile: no floor
+        log(f"task {task.id}: no baseline solution could be generated for its data "
+            f"({type(e).__name__}: {e}); its rescaled reward has no noise floor")
+        return None
+    path = Path(cache_dir) / f"{task.id}-{_cache_key(task, {'baseline': code})}-se.json"
+    try:
+        se = json.loads(path.read_text())["reward"]
+        how = f"cached in {path}"
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
+        t0 = time.monotonic()
+        run = run_baseline(task, "baseline", "reward", sandbox=sandbox)
+        boot = getattr(run.grade, "score_boot", None) if run.grade is not None else None
+        finite = [float(b) for b in boot or () if b is not None and math.isfinite(b)]
+        se = float(np.std(finite, ddof=1)) if len(finite) >= 2 else None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"reward": se}))
+        os.replace(tmp, path)
+        how = f"measured in {time.monotonic() - t0:.0f} s, cached in {path}"
+    if se is None:
+        log(f"task {task.id}: its baseline solution gave no resampled scores on the reward "
+            f"split ({how}); its rescaled reward has no noise floor")
+        return None
+    task.reference_se = {**(task.reference_se or {}), "reward": se}
+    log(f"task {task.id}: standard error of a score on the reward split {se:.4g} (its "
+        f"baseline's, over the grader's resamples; {how})")
+    return se
