@@ -7,7 +7,7 @@ Launch (resumes; ~8 min per run on 2 cores):
       --workdir workdirs/learning_check_tradeoff
 On tasks no setting was chosen on (docs/learning_check/results_{titanic,diamonds,leaf,email}.md;
 a task directory goes where the task id goes):
-  python scripts/make_titanic_task.py /work/tasks/titanic-survival
+  python scripts/make_task_dir.py titanic-survival /work/tasks/titanic-survival
   python experiments/sweep.py --config configs/learning_check.py:/work/tasks/titanic-survival \
       --workdir workdirs/lc_titanic
   python experiments/sweep.py --config configs/learning_check.py:diamonds-price \

@@ -51,7 +51,7 @@ AUTO_FLIPPED_MAX_ABS = 1.0
 # "rescaled" (and "auto" where it rescales): one reward unit is the baseline-to-strong gap on
 # the reward split, but never less than this many standard errors of a score there (the
 # task's `reference_se`). A gap below what the split resolves (titanic-survival's references
-# differ by 0.0096 AUC, a score's standard error there is ~0.02) would otherwise pay a
+# differ by 0.0096 AUC, a score's standard error there is 0.03) would otherwise pay a
 # noise-level difference between two programs several reward units, and with a failure at
 # -10 a valid program slightly worse than the baseline would be paid about what a failure is.
 # Two: a difference the split resolves at ~95% confidence is worth at most one unit.

