@@ -19,7 +19,6 @@ from rl4mle_jax.env import prompts as prompts_lib
 from rl4mle_jax.env.baselines import ensure_reference_scores, ensure_reference_se
 from rl4mle_jax.env.reward import (
     AUTO_FLIPPED_MAX_ABS,
-    RESCALE_MIN_SE,
     RewardConfig,
     normalise_score,
     rescale_unit,
@@ -218,7 +217,8 @@ def build_components(config: Any, workdir: Path) -> Components:
                         "record references with `python -m rl4mle_jax.env calibrate DIR "
                         "--write`", t.id, sections["reward"].normalisation)
         if needs_refs and _rescales(t, sections["reward"]):
-            ensure_reference_se(t, box, ref_cache / "_references", log.info)
+            if sections["reward"].rescale_min_se:
+                ensure_reference_se(t, box, ref_cache / "_references", log.info)
             _log_rescale_unit(t, sections["reward"])
     if len(tasks) > 1:
         _check_multitask_reward(tasks, sections["reward"])
@@ -281,13 +281,14 @@ def _rescales(task: Any, reward: RewardConfig) -> bool:
 def _log_rescale_unit(task: Any, reward: RewardConfig) -> None:
     refs = task.reference_scores["reward"]
     se = (task.reference_se or {}).get("reward")
-    unit = rescale_unit(refs, reward, se)
-    gap = unit if se is None else rescale_unit(refs, reward)
+    unit, gap = rescale_unit(refs, reward, se), rescale_unit(refs, reward)
+    floor = ""
+    if se is not None and reward.rescale_min_se:
+        floor = f"; at least {reward.rescale_min_se:g} x the split's standard error {se:.4g}"
+        if unit > gap:
+            floor += ", which is larger: the gap is below what the split resolves"
     log.info("task %s: one unit of the rescaled reward is a %s difference of %.4g (the "
-             "references' gap %.4g%s)", task.id, task.metric, unit, gap,
-             "" if se is None else f"; at least {RESCALE_MIN_SE:g} x the split's standard "
-             f"error {se:.4g}" + (", which is larger: the gap is below what the split "
-                                  "resolves" if unit > gap else ""))
+             "references' gap %.4g%s)", task.id, task.metric, unit, gap, floor)
 
 
 def _check_valid_beats_failure(task: Any, reward: RewardConfig) -> None:

@@ -43,7 +43,7 @@ from rl4mle_jax.components import Components, build_components, task_views
 from rl4mle_jax.engine import Engine
 from rl4mle_jax.env.instrument_lm import Instrumenter
 from rl4mle_jax.env.instrument_static import MILESTONES
-from rl4mle_jax.env.reward import reward_replicates
+from rl4mle_jax.env.reward import RESCALE_MIN_SE, reward_replicates
 from rl4mle_jax.report import brief_eval, write_best_solution, write_report
 from rl4mle_jax.rl.advantages import valid_rank_bonus
 from rl4mle_jax.rl.arrival import ArrivalModel
@@ -112,6 +112,8 @@ def initial_eval_key(config: Any, source: dict[str, Any] | None = None) -> str:
     d.get("env", {}).pop("nice", None)
     if not d.get("sampling", {}).get("min_p"):  # off: the key from before the field existed
         d.get("sampling", {}).pop("min_p", None)
+    if d.get("reward", {}).get("rescale_min_se") == RESCALE_MIN_SE:  # the key from before it
+        d["reward"].pop("rescale_min_se")
     if not d.get("tasks"):  # one task: the key of the runs made before config.tasks existed
         d.pop("tasks", None)
     d["eval_samples"] = config.run.eval_samples

@@ -265,6 +265,7 @@ def test_qwen_batch_8_fails_in_validation_naming_the_keys():
     ("learner.duration_weighting", "linear", "config.learner"),
     ("learner.duration_max_weight", 0.0, "config.learner"),
     ("reward.milestone_evidence", "text", "config.reward"),
+    ("reward.rescale_min_se", -1.0, "config.reward"),
     ("learner.num_minibatches", 3, "config.run.batch_size"),
     ("prompt.trim_first", "head", "config.prompt.trim_first"),
 ])
@@ -409,3 +410,8 @@ def test_the_rescaled_unit_is_logged_where_the_reward_rescales(caplog):
     with caplog.at_level(logging.INFO, logger=components.log.name):
         components._log_rescale_unit(task(22.77, 14.30), auto)
     assert "difference of 8.47" in caplog.text and "standard error" not in caplog.text
+    caplog.clear()  # reward.rescale_min_se=0: the gap alone
+    with caplog.at_level(logging.INFO, logger=components.log.name):
+        components._log_rescale_unit(task(12271.7, 11652.0, 1200.0),
+                                     RewardConfig(normalisation="auto", rescale_min_se=0.0))
+    assert "difference of 619.7" in caplog.text and "standard error" not in caplog.text

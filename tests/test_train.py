@@ -134,8 +134,15 @@ def test_initial_eval_key_changes_with_what_the_initial_policy_sees(tmp_path):
         assert initial_eval_key(_config(tmp_path, **same)) == key, same
     for other in ({"seed": 1}, {"task": "telco-churn"}, {"run.eval_samples": 5},
                   {"sampling.temperature": 1.0}, {"env.memory_mb": 1000},
-                  {"prompt.max_response_tokens": 512}, {"run.reuse_runs": 0}):
+                  {"prompt.max_response_tokens": 512}, {"run.reuse_runs": 0},
+                  {"reward.rescale_min_se": 0.0}):
         assert initial_eval_key(_config(tmp_path, **other)) != key, other
+    # A reward field added later, at its default, leaves the key of the evaluations made
+    # before it existed (the sweeps' shared `_initial_evals`).
+    old = _config(tmp_path)
+    with old.unlocked():
+        del old.reward["rescale_min_se"]
+    assert initial_eval_key(old) == key
 
 
 def test_resume_after_sigkill(warm_cache, tmp_path):

@@ -54,7 +54,8 @@ AUTO_FLIPPED_MAX_ABS = 1.0
 # differ by 0.0096 AUC, a score's standard error there is 0.03) would otherwise pay a
 # noise-level difference between two programs several reward units, and with a failure at
 # -10 a valid program slightly worse than the baseline would be paid about what a failure is.
-# Two: a difference the split resolves at ~95% confidence is worth at most one unit.
+# Two: a difference the split resolves at ~95% confidence is worth at most one unit. The
+# default of RewardConfig.rescale_min_se.
 RESCALE_MIN_SE = 2.0
 # Where milestone credit comes from: "witness" (a printed marker with the nonce that the
 # witness corroborates; markers alone when no witness ran), "markers" (the paper's rule: printed
@@ -79,8 +80,14 @@ class RewardConfig:
     dynamic_training_check: bool = True
     grade_on_error: bool = True  # grade a submission written before a crash
     milestone_evidence: str = "witness"  # see MILESTONE_EVIDENCE
+    # "rescaled" (and "auto" where it rescales): one reward unit is at least this many standard
+    # errors of a score on the split (see RESCALE_MIN_SE); 0: the references' gap alone.
+    rescale_min_se: float = RESCALE_MIN_SE
 
     def __post_init__(self):
+        if not (self.rescale_min_se >= 0 and math.isfinite(self.rescale_min_se)):
+            raise ValueError(f"rescale_min_se must be a finite number >= 0 (0: the references' "
+                             f"gap alone), got {self.rescale_min_se}")
         if self.milestone_evidence not in MILESTONE_EVIDENCE:
             raise ValueError(f"milestone_evidence must be one of {MILESTONE_EVIDENCE}, "
                              f"got {self.milestone_evidence!r}")
@@ -142,7 +149,7 @@ def normalise_score(score: float, direction: str, refs: dict, cfg: RewardConfig,
                     se: float | None = None) -> tuple[float, str]:
     """Score in the configured scale; returns (value, normalisation actually used). `se`: the
     standard error of a score on the split (GradeReport.reference_se), which floors the
-    rescaled unit at RESCALE_MIN_SE x se (`rescale_unit`)."""
+    rescaled unit at `cfg.rescale_min_se` x se (`rescale_unit`)."""
     if direction not in ("higher", "lower"):
         raise ValueError(f"direction must be 'higher' or 'lower', got {direction!r}")
     sign = oriented_score(1.0, direction)  # +1 when higher is better, else -1
@@ -164,11 +171,11 @@ def normalise_score(score: float, direction: str, refs: dict, cfg: RewardConfig,
 def rescale_unit(refs: dict, cfg: RewardConfig, se: float | None = None) -> float:
     """The score difference worth one reward unit under "rescaled": |strong - baseline| on the
     split (|baseline| where there is no strong reference or it equals the baseline), at least
-    RESCALE_MIN_SE x `se` where the split's standard error is known."""
+    `cfg.rescale_min_se` x `se` where the split's standard error is known."""
     base, strong = refs[cfg.baseline_key], refs.get(cfg.strong_key)
     scale = abs(strong - base) if strong is not None and strong != base else max(abs(base), 1e-8)
     if se is not None and math.isfinite(se):
-        scale = max(scale, RESCALE_MIN_SE * se)
+        scale = max(scale, cfg.rescale_min_se * se)
     return scale
 
 

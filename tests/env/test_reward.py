@@ -113,6 +113,14 @@ def test_rescaled_unit_is_at_least_two_standard_errors_of_the_split(norm):
     reps = reward_replicates([json.loads(json.dumps(rec.to_dict()))], cfg)
     np.testing.assert_allclose(reps[0], [-(14000.0 - 12271.7) / 2400.0,
                                          -(15000.0 - 12271.7) / 2400.0], rtol=1e-12)
+    # reward.rescale_min_se: the multiple (0: the gap alone); checked.
+    np.testing.assert_allclose(
+        [normalise_score(x, "lower", refs, RewardConfig(normalisation=norm, rescale_min_se=0.0),
+                         se)[0] for x in scores], -(scores - 12271.7) / 619.7, rtol=1e-12)
+    assert rescale_unit(refs, RewardConfig(normalisation=norm, rescale_min_se=1.0), se) == 1200.0
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="rescale_min_se"):
+            RewardConfig(rescale_min_se=bad)
     # The flipped reward (the paper's) ignores it.
     assert normalise_score(0.8, "higher", refs, RewardConfig(), se) == (0.8, "flipped")
     # A valid program far below the references is paid what a failure with every milestone is,
