@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -111,13 +112,9 @@ def ensure_reference_scores(task, sandbox, cache_dir: str | os.PathLike,
         log(f"task {task.id}: no reference solutions could be generated for its data "
             f"({type(e).__name__}: {e})")
         return False
-    path = Path(cache_dir) / f"{task.id}-{_cache_key(task, codes)}.json"
-    try:
-        measured = json.loads(path.read_text())
-        how = f"cached in {path}"
-    except (FileNotFoundError, json.JSONDecodeError):
-        t0 = time.monotonic()
-        measured = {"reward": {}, "test": {}}
+
+    def measure() -> dict:
+        measured: dict = {"reward": {}, "test": {}}
         for kind in KINDS:
             for split in ("reward", "test"):
                 score, why = _graded_score(run_baseline(task, kind, split, sandbox=sandbox))
@@ -127,11 +124,10 @@ def ensure_reference_scores(task, sandbox, cache_dir: str | os.PathLike,
                     why = why or f"non-finite score {score}"
                     log(f"task {task.id}: its generated {kind} solution failed on the {split} "
                         f"split ({why}); no {kind} reference score there")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(measured))
-        os.replace(tmp, path)
-        how = f"measured in {time.monotonic() - t0:.0f} s, cached in {path}"
+        return measured
+
+    measured, how = _cached_json(
+        Path(cache_dir) / f"{task.id}-{_cache_key(task, codes)}.json", measure)
     given = task.reference_scores or {}
     task.reference_scores = {split: {**measured.get(split, {}), **given.get(split, {})}
                              for split in sorted({*measured, *given})}
@@ -151,6 +147,21 @@ def _cache_key(task, codes) -> str:
          task.timeout_s]).encode()).hexdigest()[:16]
 
 
+def _cached_json(path: Path, measure: Callable[[], Any]) -> tuple[Any, str]:
+    """(the JSON cached at `path`, or `measure()` written there atomically; how it was had)."""
+    try:
+        return json.loads(path.read_text()), f"cached in {path}"
+    except (FileNotFoundError, json.JSONDecodeError):
+        pass
+    t0 = time.monotonic()
+    value = measure()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+    return value, f"measured in {time.monotonic() - t0:.0f} s, cached in {path}"
+
+
 def ensure_reference_se(task, sandbox, cache_dir: str | os.PathLike,
                         log: Callable[[str], None] = lambda s: None) -> float | None:
     """The standard error of a typical valid score on the reward split: the spread of the
@@ -161,9 +172,10 @@ def ensure_reference_se(task, sandbox, cache_dir: str | os.PathLike,
     The "rescaled" reward divides by the baseline-to-strong gap; on a small split that gap can
     be far below what the split resolves (titanic-survival: 0.0096 AUC against a standard
     error of 0.03), and every noise-level difference between two programs would then be paid
-    whole reward units. `env.reward.normalise_score` keeps the unit at least RESCALE_MIN_SE
-    of these standard errors. Returns the SE, or None where the baseline did not score or the
-    grader kept no resamples (splits over its size or time limits: their SE is small anyway)."""
+    whole reward units. `env.reward.rescale_unit` keeps the unit at least
+    `reward.rescale_min_se` of these standard errors. Returns the SE, or None where the
+    baseline did not score or the grader kept no resamples (splits over its size or time
+    limits: their SE is small anyway)."""
     if (task.reference_se or {}).get("reward") is not None:
         return task.reference_se["reward"]
     try:
@@ -172,21 +184,16 @@ def ensure_reference_se(task, sandbox, cache_dir: str | os.PathLike,
         log(f"task {task.id}: no baseline solution could be generated for its data "
             f"({type(e).__name__}: {e}); its rescaled reward has no noise floor")
         return None
-    path = Path(cache_dir) / f"{task.id}-{_cache_key(task, {'baseline': code})}-se.json"
-    try:
-        se = json.loads(path.read_text())["reward"]
-        how = f"cached in {path}"
-    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
-        t0 = time.monotonic()
+
+    def measure() -> dict:
         run = run_baseline(task, "baseline", "reward", sandbox=sandbox)
         boot = getattr(run.grade, "score_boot", None) if run.grade is not None else None
         finite = [float(b) for b in boot or () if b is not None and math.isfinite(b)]
-        se = float(np.std(finite, ddof=1)) if len(finite) >= 2 else None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"reward": se}))
-        os.replace(tmp, path)
-        how = f"measured in {time.monotonic() - t0:.0f} s, cached in {path}"
+        return {"reward": float(np.std(finite, ddof=1)) if len(finite) >= 2 else None}
+
+    cached, how = _cached_json(
+        Path(cache_dir) / f"{task.id}-{_cache_key(task, {'baseline': code})}-se.json", measure)
+    se = cached.get("reward") if isinstance(cached, dict) else None
     if se is None:
         log(f"task {task.id}: its baseline solution gave no resampled scores on the reward "
             f"split ({how}); its rescaled reward has no noise floor")
