@@ -18,10 +18,10 @@ from rl4mle_jax import models, run_config, sharding
 from rl4mle_jax.env import prompts as prompts_lib
 from rl4mle_jax.env.baselines import ensure_reference_scores, ensure_reference_se
 from rl4mle_jax.env.reward import (
-    AUTO_FLIPPED_MAX_ABS,
     RewardConfig,
     normalise_score,
     rescale_unit,
+    rescales,
     valid_floor,
 )
 from rl4mle_jax.env.sandbox import Sandbox
@@ -216,7 +216,8 @@ def build_components(config: Any, workdir: Path) -> Components:
                         "score (under 'auto', at least a failure's with every milestone); "
                         "record references with `python -m rl4mle_jax.env calibrate DIR "
                         "--write`", t.id, sections["reward"].normalisation)
-        if needs_refs and _rescales(t, sections["reward"]):
+        if needs_refs and rescales((t.reference_scores or {}).get("reward") or {},
+                                   sections["reward"]):
             if sections["reward"].rescale_min_se:
                 ensure_reference_se(t, box, ref_cache / "_references", log.info)
             _log_rescale_unit(t, sections["reward"])
@@ -267,15 +268,6 @@ def build_components(config: Any, workdir: Path) -> Components:
                                                  episode_cfg=episode_cfg(box.limits.timeout_s))
                        for t, box, ctx in zip(tasks, sandboxes, contexts)}
     return comps
-
-
-def _rescales(task: Any, reward: RewardConfig) -> bool:
-    """Whether the reward puts this task's scores on its references' scale ("rescaled", or
-    "auto" where the baseline is over AUTO_FLIPPED_MAX_ABS in size)."""
-    base = ((task.reference_scores or {}).get("reward") or {}).get(reward.baseline_key)
-    if base is None:
-        return False
-    return reward.normalisation == "rescaled" or abs(base) > AUTO_FLIPPED_MAX_ABS
 
 
 def _log_rescale_unit(task: Any, reward: RewardConfig) -> None:

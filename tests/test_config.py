@@ -394,11 +394,13 @@ def test_the_rescaled_unit_is_logged_where_the_reward_rescales(caplog):
                                      reference_scores={"reward": {"baseline": base,
                                                                   "strong": strong}},
                                      reference_se={} if se is None else {"reward": se})
+    from rl4mle_jax.env.reward import rescales
     auto, rescaled = RewardConfig(normalisation="auto"), RewardConfig(normalisation="rescaled")
-    assert components._rescales(task(12271.7, 11652.0), auto)
-    assert not components._rescales(task(0.86, 0.87), auto)
-    assert components._rescales(task(0.86, 0.87), rescaled)
-    assert not components._rescales(types.SimpleNamespace(reference_scores={}), rescaled)
+    assert rescales(task(12271.7, 11652.0).reference_scores["reward"], auto)
+    assert not rescales(task(0.86, 0.87).reference_scores["reward"], auto)
+    assert rescales(task(0.86, 0.87).reference_scores["reward"], rescaled)
+    assert not rescales({}, rescaled)
+    assert not rescales(task(12271.7, 11652.0).reference_scores["reward"], RewardConfig())
     with caplog.at_level(logging.INFO, logger=components.log.name):
         components._log_rescale_unit(task(12271.7, 11652.0, 1200.0), auto)
     assert "difference of 2400" in caplog.text and "below what the split resolves" in caplog.text

@@ -158,14 +158,24 @@ def normalise_score(score: float, direction: str, refs: dict, cfg: RewardConfig,
     if cfg.normalisation == "flipped":
         return sign * score, "flipped"
     base = refs.get(cfg.baseline_key)
-    if cfg.normalisation == "auto" and (base is None or abs(base) <= AUTO_FLIPPED_MAX_ABS):
-        return sign * score, "flipped (auto)" if base is not None else \
-            "flipped (auto, no reference scores)"
-    if base is None:
+    if not rescales(refs, cfg):
+        if cfg.normalisation == "auto":
+            return sign * score, "flipped (auto)" if base is not None else \
+                "flipped (auto, no reference scores)"
         return sign * score, "flipped (no reference scores)"
     scale = rescale_unit(refs, cfg, se)
     return sign * (score - base) / scale, "rescaled (auto)" if cfg.normalisation == "auto" \
         else "rescaled"
+
+
+def rescales(refs: dict, cfg: RewardConfig) -> bool:
+    """Whether `normalise_score` puts a score against these references: under "rescaled" when
+    they have a baseline, under "auto" when that baseline is over AUTO_FLIPPED_MAX_ABS in size
+    (elsewhere the score is flipped)."""
+    base = refs.get(cfg.baseline_key)
+    if base is None or cfg.normalisation not in ("rescaled", "auto"):
+        return False
+    return cfg.normalisation == "rescaled" or abs(base) > AUTO_FLIPPED_MAX_ABS
 
 
 def rescale_unit(refs: dict, cfg: RewardConfig, se: float | None = None) -> float:
