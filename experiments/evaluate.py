@@ -3,8 +3,10 @@
   python experiments/evaluate.py --workdir workdirs/task [--n 16]
   python experiments/evaluate.py --hf_dir /path/to/model --config configs/task.py --n 16
 
-The pick is made on the reward split and its test-split score is reported; the paper's protocol
-(best test score of N) is reported beside it, labelled as such.
+The pick follows the config's `run.eval_pick` (with --workdir: the run's own; "cv" runs the
+finalists on selection splits too, best_of_n.select_pick) and its test-split score is
+reported, with the reward split's maximum beside it; the paper's protocol (best test score of N)
+is reported beside them, labelled as such.
 """
 
 import json
@@ -64,9 +66,13 @@ def main(argv):
         params, out = comps.params, Path("eval_" + Path(_HF_DIR.value).name + ".json")
     result = best_of_n(comps, params, _N.value, jax.random.PRNGKey(_SEED.value),
                        config.sampling.temperature, config.run.slots, config.run.reuse_runs,
-                       truncation_settings(config.sampling))  # sampled as in training
+                       truncation_settings(config.sampling),  # sampled as in training
+                       config.run.eval_pick, config.run.eval_select_folds)
     save_eval(result, out)
-    print(json.dumps({"written": str(out), **brief_eval(result)}, indent=1))
+    print(json.dumps({"written": str(out), **brief_eval(result),
+                      "pick_rule": result.get("pick", {}).get("rule"),
+                      "reward_max_pick_test_score": result.get("pick_max", {}).get("test_score")},
+                     indent=1))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 from typing import Any
 
@@ -24,6 +25,8 @@ from rl4mle_jax.env import prompts as prompts_lib
 from rl4mle_jax.env.actions import extract_action
 from rl4mle_jax.env.execute import arun_and_grade
 from rl4mle_jax.env.metrics import oriented_score
+from rl4mle_jax.env.tasks import select_splits
+from rl4mle_jax.run_config import PICK_RULES
 
 
 @dataclasses.dataclass
@@ -75,6 +78,88 @@ class SharedRuns:
                 self._owner[c.code] = [c, 0]
                 to_run.append(c)
         return to_run, copies
+
+
+# ---------------------------------------------------------------- the pick
+# "max": the best reward-split score (the loop trains on that split, so over a run the policy
+# drifts toward programs whose reward-split score is high by chance as well as by merit);
+# "cv": among the finalists, the best mean over the reward split and the selection splits
+# (carves of public train the loop never trains on); "folds": the selection splits alone.
+PICK_K_SE = 2.0  # finalists: within this many paired standard errors of the best
+PICK_MAX_FINALISTS = 6
+
+
+def _valid_score(rec: dict | None) -> float | None:
+    return rec["score"] if rec and rec.get("status") == "valid" else None
+
+
+def _boot(rec: dict | None) -> list[float] | None:
+    return ((rec or {}).get("grade") or {}).get("score_boot")
+
+
+def finalists(cands: list[dict], direction: str, k_se: float = PICK_K_SE,
+              max_finalists: int = PICK_MAX_FINALISTS) -> list[dict]:
+    """The candidates (as `Candidate` dicts) a selection looks at again: one per distinct
+    program valid on the reward split (its best run), those whose reward-split score is within
+    `k_se` paired standard errors (the grader's shared resamples) of the best's, best first, at
+    most `max_finalists`. Without replicates only the best and exact ties are in."""
+    from rl4mle_jax.study import paired_se
+
+    best_of: dict[str, dict] = {}
+    for c in cands:
+        s = _valid_score(c.get("reward_split"))
+        if c.get("code") is None or s is None:
+            continue
+        old = best_of.get(c["code"])
+        if old is None or oriented_score(s, direction) > oriented_score(
+                _valid_score(old["reward_split"]), direction):
+            best_of[c["code"]] = c
+    ranked = sorted(best_of.values(), reverse=True, key=lambda c: oriented_score(
+        _valid_score(c["reward_split"]), direction))
+    if not ranked:
+        return []
+    top = ranked[0]
+    top_s = oriented_score(_valid_score(top["reward_split"]), direction)
+    out = [top]
+    for c in ranked[1:]:
+        gap = top_s - oriented_score(_valid_score(c["reward_split"]), direction)
+        se = paired_se(_boot(top["reward_split"]), _boot(c["reward_split"]))
+        if gap <= 1e-12 or (se is not None and gap <= k_se * se):
+            out.append(c)
+    return out[:max(1, int(max_finalists))]
+
+
+def pick_candidate(cands: list[dict], direction: str, rule: str = "max",
+                   select: dict[str, dict[str, dict]] | None = None,
+                   folds: list[str] | None = None, k_se: float = PICK_K_SE,
+                   max_finalists: int = PICK_MAX_FINALISTS) -> dict | None:
+    """The candidate `rule` (PICK_RULES) picks; None when none is valid on the reward split.
+
+    select: {program: {selection split: its run's reward record}} for the finalists; a
+    finalist that is not valid on every one of `folds` ranks after those that are (a program
+    that fails on other rows of the same data is not the one to hand in)."""
+    if rule not in PICK_RULES:
+        raise ValueError(f"pick rule must be one of {PICK_RULES}, got {rule!r}")
+    fin = finalists(cands, direction, k_se, max_finalists)
+    if not fin or rule == "max" or not folds:
+        return fin[0] if fin else None
+
+    return max(fin, key=lambda c: rule_key(c, direction, rule, (select or {}).get(c["code"], {}),
+                                           folds))
+
+
+def rule_key(c: dict, direction: str, rule: str, runs: dict[str, dict], folds: list[str]
+             ) -> tuple[bool, float, float]:
+    """What `rule` ranks a finalist by (larger is better): (valid on every one of `folds`, its
+    mean oriented score over the folds, and the reward split too under "cv", then its reward
+    split score). runs: {selection split: the finalist's run record there}."""
+    reward = oriented_score(_valid_score(c["reward_split"]), direction)
+    fold = [_valid_score(runs.get(sp)) for sp in folds]
+    scores = [oriented_score(s, direction) for s in fold if s is not None]
+    if rule == "cv":
+        scores.append(reward)
+    mean = float(sum(scores) / len(scores)) if scores else float("-inf")
+    return all(s is not None for s in fold), mean, reward
 
 
 async def _run_candidates(cands: list[Candidate], task: Any, sandbox: Any, timeout_s: float,
@@ -140,12 +225,13 @@ def solve_prompt_text(comps: Any) -> str:
 
 
 def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: float = 0.7,
-              concurrency: int = 2, reuse: int = 0, truncation: dict[str, Any] | None = None
-              ) -> dict[str, Any]:
+              concurrency: int = 2, reuse: int = 0, truncation: dict[str, Any] | None = None,
+              pick: str = "max", select_folds: int = 0) -> dict[str, Any]:
     """Samples N candidates of both kinds and reports the honest pick and the paper's number.
 
     reuse: how many identical later candidates one run serves (`SharedRuns`; 0: all run).
     truncation: top_k / top_p / min_p for `Sampler.generate` (the loop's; None: none).
+    pick, select_folds: the pick rule and its selection splits (`select_pick`).
     """
     task, direction = comps.task, comps.task.direction
     if n <= 0:  # evaluation switched off (e.g. in quick tests)
@@ -174,25 +260,100 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
                              temperature, max_new, truncation)
         asyncio.run(_run_candidates(more, task, comps.sandbox, timeout, concurrency, shared))
         cands += more
-    pick = max(cands, key=lambda c: oriented_score(c.score("reward"), direction))
     oracle = max(cands, key=lambda c: oriented_score(c.score("test"), direction))
     valid = [c for c in cands if c.score("reward") is not None]
-    return {
+    result = {
         "n": len(cands),
         "direction": direction,
         "valid_rate": len(valid) / max(len(cands), 1),
         "runs": sum(c.code is not None and not c.reused_run for c in cands),
-        "pick": {"kind": pick.kind, "reward_score": pick.score("reward"),
-                 "test_score": pick.score("test"), "code": pick.code,
-                 # the grader's bootstrap replicates of the test score (study.learning_check
-                 # pairs them across evaluations for the pick change's standard error)
-                 "test_score_boot": pick.boot("test")},
+        "pick": {},
         "paper_protocol_best_test_score": oracle.score("test"),
         "by_kind": {k: {"n": sum(c.kind == k for c in cands),
                         "valid": sum(c.kind == k and c.score("reward") is not None
                                      for c in cands)} for k in ("solve", "improve")},
         "candidates": [dataclasses.asdict(c) for c in cands],
     }
+    return select_pick(result, task, comps.sandbox, pick, select_folds, timeout, concurrency)
+
+
+def _pick_record(c: dict, rule: str) -> dict[str, Any]:
+    return {"rule": rule, "kind": c["kind"], "reward_score": _valid_score(c["reward_split"]),
+            "test_score": _valid_score(c["test_split"]), "code": c["code"],
+            # the grader's bootstrap replicates of the test score (study.learning_check
+            # pairs them across evaluations for the pick change's standard error)
+            "test_score_boot": _boot(c["test_split"]) if _valid_score(c["test_split"])
+            is not None else None}
+
+
+def select_pick(result: dict[str, Any], task: Any, sandbox: Any, rule: str = "max",
+                folds: int = 0, timeout_s: float | None = None, concurrency: int = 2
+                ) -> dict[str, Any]:
+    """Sets `result["pick"]` (a single-task evaluation) by `rule` (PICK_RULES), running the
+    finalists on `folds` selection splits first where `rule` needs them; the reward-split
+    maximum's pick is kept as `result["pick_max"]` beside it. Runs already in
+    `result["selection"]` are not repeated, so an evaluation made (or cached) under one rule
+    can be re-picked under another. Returns `result`."""
+    if rule not in PICK_RULES:
+        raise ValueError(f"pick rule must be one of {PICK_RULES}, got {rule!r}")
+    cands, direction = result.get("candidates") or [], result["direction"]
+    if not cands:
+        return result
+    top = pick_candidate(cands, direction, "max")
+    splits = select_splits(folds) if rule != "max" else []
+    sel = result.setdefault("selection", {"runs": {}})
+    runs: dict[str, dict[str, dict]] = sel["runs"]  # {program's sha256: {split: record}}
+    fin = finalists(cands, direction) if splits else []
+    if len(fin) > 1:
+        run_on_folds([c["code"] for c in fin], task, sandbox, splits, runs, timeout_s,
+                     concurrency)
+    sel["finalists"], sel["folds"] = len(fin), splits
+    by_code = {c["code"]: runs.get(_code_key(c["code"]), {}) for c in fin}
+    chosen = pick_candidate(cands, direction, rule, by_code, splits) if len(fin) > 1 else top
+    if chosen is None:  # nothing valid: the first candidate stands for the evaluation
+        chosen = cands[0]
+    result["pick"] = _pick_record(chosen, rule)
+    if splits:
+        result["pick"]["select_scores"] = {sp: _valid_score(r) for sp, r in
+                                           by_code.get(chosen["code"], {}).items()}
+    result["pick_max"] = _pick_record(top if top is not None else cands[0], "max")
+    return result
+
+
+def run_on_folds(codes: list[str], task: Any, sandbox: Any, folds: list[str],
+                 runs: dict[str, dict[str, dict]], timeout_s: float | None = None,
+                 concurrency: int = 2) -> None:
+    """Runs each program on each selection split it has no record of in `runs` ({program's
+    sha256: {split: record}}, filled in place: status, score, the grader's replicates)."""
+    todo = [(code, sp) for code in dict.fromkeys(codes) for sp in folds
+            if sp not in runs.get(_code_key(code), {})]
+    if not todo:
+        return
+
+    async def go() -> None:
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(code: str, sp: str) -> None:
+            async with sem:
+                run = await arun_and_grade(code, task, sandbox, split=sp, timeout_s=timeout_s)
+            rec = run.reward.to_dict()
+            runs.setdefault(_code_key(code), {})[sp] = {
+                "status": rec["status"], "score": rec.get("score"),
+                "grade": {"score_boot": (rec.get("grade") or {}).get("score_boot")},
+                "duration_s": rec.get("duration_s")}
+
+        await asyncio.gather(*(one(*t) for t in todo))
+
+    asyncio.run(go())
+
+
+def runs_of(result: dict[str, Any], code: str) -> dict[str, dict]:
+    """{selection split: record} of `code` in an evaluation's selection runs."""
+    return ((result.get("selection") or {}).get("runs") or {}).get(_code_key(code), {})
+
+
+def _code_key(code: str) -> str:
+    return hashlib.sha256(code.encode()).hexdigest()
 
 
 def save_eval(result: dict[str, Any], path: Any) -> None:

@@ -16,18 +16,18 @@ from typing import Any
 import numpy as np
 
 from rl4mle_jax.best_of_n import best_of_n
-from rl4mle_jax.report import _against_refs, _fmt, best_solution_line, brief_eval
+from rl4mle_jax.report import PICK_MADE, _against_refs, _fmt, best_solution_line, brief_eval
 from rl4mle_jax.tracking import DEFAULT_PLOTS
 
 
 def evaluate_tasks(views: dict[str, Any], params: Any, n: int, rng: Any, temperature: float,
-                   concurrency: int, reuse: int = 0, truncation: dict[str, Any] | None = None
-                   ) -> dict[str, Any]:
+                   concurrency: int, reuse: int = 0, truncation: dict[str, Any] | None = None,
+                   pick: str = "max", select_folds: int = 0) -> dict[str, Any]:
     """Best-of-N on each task, each with the same key: the draws a single-task run of that
     task with this seed makes, so a per-task policy and the multi-task one compare like for
     like."""
     return {"n": n, "tasks": {t: best_of_n(v, params, n, rng, temperature, concurrency, reuse,
-                                           truncation)
+                                           truncation, pick, select_folds)
                               for t, v in views.items()}}
 
 
@@ -92,7 +92,8 @@ def write_report(workdir: Path, config: Any, views: dict[str, Any], initial: dic
         f"{slots.get('utilisation', 0):.2f}.",
         *([f"**Stopped early:** {loop['stop_reason']}"] if loop.get("stop_reason") else []),
         "",
-        f"## Best-of-N per task (N = {config.run.eval_samples}; pick made on the reward split)",
+        f"## Best-of-N per task (N = {config.run.eval_samples}; pick "
+        f"{PICK_MADE[config.run.eval_pick]})",
         "",
         "| task | episodes drawn | policy | valid rate | pick: reward split | pick: test split "
         "| best test of N (paper protocol) |",

@@ -10,8 +10,10 @@ from typing import Any
 import numpy as np
 
 from rl4mle_jax import arrival_replay, study
+from rl4mle_jax.best_of_n import rule_key, run_on_folds, runs_of
 from rl4mle_jax.env.execute import run_and_grade
 from rl4mle_jax.env.metrics import oriented_score
+from rl4mle_jax.env.tasks import select_splits
 
 
 def brief_eval(result: dict[str, Any]) -> dict[str, Any]:
@@ -22,9 +24,13 @@ def brief_eval(result: dict[str, Any]) -> dict[str, Any]:
             "paper_protocol_best_test_score": result.get("paper_protocol_best_test_score")}
 
 
-def write_best_solution(comps: Any, out_dir: Path, buffer: Any, final: dict[str, Any]
-                        ) -> dict[str, Any] | None:
-    """Best of (RL's best episode, final best-of-N pick) by reward-split score, run on test."""
+def write_best_solution(comps: Any, out_dir: Path, buffer: Any, final: dict[str, Any],
+                        rule: str = "max", folds: int = 0) -> dict[str, Any] | None:
+    """Best of (RL's best episode, final best-of-N pick), run on test. Under `rule` "max" the
+    better reward-split score wins; under the other pick rules (best_of_n.rule_key) the RL
+    episode is one more finalist: it runs on the same `folds` selection splits as the pick
+    (recorded in `final["selection"]`) and the two are ranked as the pick ranks its finalists,
+    so the reward split's luckiest program of the whole run does not win on that luck alone."""
     direction = comps.task.direction
     options = []
     if buffer.best() is not None:
@@ -35,11 +41,23 @@ def write_best_solution(comps: Any, out_dir: Path, buffer: Any, final: dict[str,
         options.append(("final_best_of_n", pick["code"], pick["reward_score"]))
     if not options:
         return None
-    origin, code, reward_score = max(options, key=lambda o: oriented_score(o[2], direction))
+    if rule != "max" and folds and len({o[1] for o in options}) > 1:
+        splits = select_splits(folds)
+        runs = final.setdefault("selection", {"runs": {}}).setdefault("runs", {})
+        run_on_folds([o[1] for o in options], comps.task, comps.sandbox, splits, runs,
+                     comps.episode_cfg.timeout_s)
+        origin, code, reward_score = max(options, key=lambda o: rule_key(
+            {"reward_split": {"status": "valid", "score": o[2]}}, direction, rule,
+            runs_of(final, o[1]), splits))
+    else:
+        origin, code, reward_score = max(options, key=lambda o: oriented_score(o[2],
+                                                                               direction))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "solution.py").write_text(code)
     run = run_and_grade(code, comps.task, comps.sandbox, split="test", keep_submission=True)
-    info: dict[str, Any] = {"origin": origin, "reward_score": reward_score,
+    info: dict[str, Any] = {"origin": origin, "reward_score": reward_score, "rule": rule,
+                            "select_scores": {sp: r.get("score") for sp, r in
+                                              runs_of(final, code).items()},
                             "status": run.reward.exec_status, "duration_s": run.duration_s,
                             "reward": run.reward.to_dict()}
     if run.grade is not None:
@@ -105,6 +123,29 @@ def _diff(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
+PICK_MADE = {"max": "made on the reward split", "cv": "made on the reward and selection splits",
+             "folds": "made on the selection splits"}
+
+
+def _pick_rows(c: dict[str, Any], goal: dict[str, float]) -> list[str]:
+    """The learning table's test-pick row(s): the run's pick, and the reward split's maximum
+    beside it when the pick rule is another."""
+    rows = []
+    for name, label in (("test", f"test score of the pick ({PICK_MADE[c['pick_rule']]}, "
+                                 f"`run.eval_pick={c['pick_rule']}`)"),
+                        ("test_max", "test score of the reward split's maximum (the \"max\" "
+                                     "rule, for comparison)")):
+        if f"{name}_gain" not in c:
+            continue
+        se = c[f"{name}_gain_se"]
+        rows.append(f"| {label} | {_fmt(c[f'{name}_initial'])} | {_fmt(c[f'{name}_final'])} | "
+                    f"{study.fmt_value(c[f'{name}_gain'], 4, True)}"
+                    + (f" ± {se:.4f} (paired bootstrap on the test split)" if se is not None
+                       else "") + (f" | >= {goal['test_gain']:+g} |" if name == "test"
+                                   else " | — |"))
+    return rows
+
+
 def learning_lines(workdir: Path, refs: dict[str, Any], direction: str) -> list[str]:
     """The report's learning section: the curve and study.learning_check's numbers."""
     run = study.load_run(workdir)
@@ -122,10 +163,7 @@ def learning_lines(workdir: Path, refs: dict[str, Any], direction: str) -> list[
         f"| best-of-{c['eval_n']} valid rate (same draws) | {_fmt(c['valid_initial'])} | "
         f"{_fmt(c['valid_final'])} | {fv(c['valid_gain'], 3, True)} | "
         f">= {goal['valid_gain']:+g} |",
-        f"| test score of the pick (made on the reward split) | {_fmt(c['test_initial'])} | "
-        f"{_fmt(c['test_final'])} | {fv(c['test_gain'], 4, True)}"
-        + (f" ± {c['test_gain_se']:.4f} (paired bootstrap on the test split)"
-           if c["test_gain_se"] is not None else "") + f" | >= {goal['test_gain']:+g} |",
+        *_pick_rows(c, goal),
     ]
     for kind, k in c["by_kind"].items():
         lines.append(
@@ -292,7 +330,7 @@ def write_report(workdir: Path, config: Any, comps: Any, initial: dict, final: d
         *lane_lines(summary.get("lane") or {}),
         *([f"**Stopped early:** {loop['stop_reason']}"] if loop.get("stop_reason") else []),
         "",
-        f"## Best-of-N (N = {config.run.eval_samples}; pick made on the reward split)",
+        f"## Best-of-N (N = {config.run.eval_samples}; pick {PICK_MADE[config.run.eval_pick]})",
         "",
         "| policy | valid rate | pick: reward split | pick: test split | best test of N "
         "(paper protocol) |",

@@ -201,6 +201,7 @@ class MeshConfig:
 
 
 ADMISSION_MODES = ("bounded", "drop_stale")  # RunConfig.admission
+PICK_RULES = ("max", "cv", "folds")  # RunConfig.eval_pick, see best_of_n.pick_candidate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,6 +273,14 @@ class RunConfig:
     # Best-of-N before and after RL, on the same draws. 32: a valid-rate change of 0.25 is ~2.3
     # standard errors of one run's difference (p ≈ 0.7) and ~4 of a 3-seed mean; 8 is ±0.25 noise.
     eval_samples: int = 32
+    # How the best-of-N picks (best_of_n.PICK_RULES): "max", the best reward-split score; "cv",
+    # the finalists (distinct programs within two paired standard errors of the best there) run
+    # again on `eval_select_folds` selection splits, carves of public train the loop never
+    # trains on, and the best mean over those and the reward split wins; "folds", the
+    # selection splits alone. The pick does not change the candidates: an evaluation cached
+    # under one rule is re-picked under another (best_of_n.select_pick).
+    eval_pick: str = "max"
+    eval_select_folds: int = 2
     progress: bool = True
     # Multi-task training (config.tasks): how each episode's task is drawn, see
     # rollout/task_mix.py ("uniform", or "separation": ∝ each task's recent reward separation,
@@ -298,6 +307,11 @@ class RunConfig:
               f"{self.admission!r} is not one of {ADMISSION_MODES}")
         _need(self.max_staleness >= 0, "max_staleness", f"must be >= 0, got {self.max_staleness}")
         _need(self.reuse_runs >= 0, "reuse_runs", f"must be >= 0, got {self.reuse_runs}")
+        _need(self.eval_pick in PICK_RULES, "eval_pick",
+              f"{self.eval_pick!r} is not one of {PICK_RULES}")
+        _need(self.eval_select_folds >= (1 if self.eval_pick != "max" else 0),
+              "eval_select_folds", f"must be >= 1 with eval_pick={self.eval_pick!r} "
+              f"(>= 0 otherwise), got {self.eval_select_folds}")
         _need(self.rank_bonus >= 0, "rank_bonus", f"must be >= 0, got {self.rank_bonus}")
         _need(self.rank_tie_se >= 0, "rank_tie_se", f"must be >= 0, got {self.rank_tie_se}")
         _need(self.task_sampling in TASK_SAMPLING, "task_sampling",

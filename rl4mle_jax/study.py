@@ -266,9 +266,11 @@ def learning_check(run: Run) -> dict[str, Any]:
 
     reward_first / reward_last: mean `reward/mean` over the first / last max(1, steps // 4)
     learner steps; valid_*: best-of-N valid rate (same draws before and after); test_*: the
-    test-split score of the pick made on the reward split, and test_gain its change oriented so
-    that > 0 is better (None when either pick is missing); test_gain_se its standard error on
-    the test split (`paired_se` of the two picks' replicates; None for evaluations without them).
+    test-split score of the pick (made by `pick_rule`, best_of_n.select_pick, on the reward and
+    selection splits), and test_gain its change oriented so that > 0 is better (None when either
+    pick is missing); test_gain_se its standard error on the test split (`paired_se` of the two
+    picks' replicates; None for evaluations without them); test_max_*: the same for the reward
+    split's maximum (the "max" rule) where the pick was made by another rule.
     """
     rewards = [r["reward/mean"] for r in run.metrics
                if "reward/mean" in r and math.isfinite(r["reward/mean"])]
@@ -282,12 +284,17 @@ def learning_check(run: Run) -> dict[str, Any]:
     out["valid_initial"], out["valid_final"] = ini.get("valid_rate"), fin.get("valid_rate")
     out["valid_gain"] = (None if None in (out["valid_initial"], out["valid_final"])
                          else out["valid_final"] - out["valid_initial"])
-    t0, t1 = _pick(ini, "test_score"), _pick(fin, "test_score")
-    out["test_initial"], out["test_final"] = t0, t1
     direction = fin.get("direction") or ini.get("direction") or "higher"
-    out["test_gain"] = (None if t0 is None or t1 is None
-                        else oriented_score(t1, direction) - oriented_score(t0, direction))
-    out["test_gain_se"] = paired_se(_pick(ini, "test_score_boot"), _pick(fin, "test_score_boot"))
+    out["pick_rule"] = _pick(fin, "rule") or "max"
+    for name, key in (("test", "pick"), ("test_max", "pick_max")):
+        if key == "pick_max" and out["pick_rule"] == "max":
+            continue
+        p0, p1 = ini.get(key) or {}, fin.get(key) or {}
+        t0, t1 = p0.get("test_score"), p1.get("test_score")
+        out[f"{name}_initial"], out[f"{name}_final"] = t0, t1
+        out[f"{name}_gain"] = (None if t0 is None or t1 is None
+                               else oriented_score(t1, direction) - oriented_score(t0, direction))
+        out[f"{name}_gain_se"] = paired_se(p0.get("test_score_boot"), p1.get("test_score_boot"))
     out["by_kind"] = valid_by_kind(run)
     return out
 

@@ -38,7 +38,13 @@ from tqdm.auto import tqdm
 
 from rl4mle_jax import allocator, multitask, sharding, spmd, study
 from rl4mle_jax import checkpoint as ckpt_lib
-from rl4mle_jax.best_of_n import best_of_n, save_eval, solve_prompt_text, token_lengths
+from rl4mle_jax.best_of_n import (
+    best_of_n,
+    save_eval,
+    select_pick,
+    solve_prompt_text,
+    token_lengths,
+)
 from rl4mle_jax.components import Components, build_components, task_views
 from rl4mle_jax.engine import Engine
 from rl4mle_jax.env.instrument_lm import Instrumenter
@@ -158,14 +164,25 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
     # The evaluations sample the policy as the loop does: the same truncation.
     truncation = truncation_settings(config.sampling)
     reuse = config.run.reuse_runs  # identical candidates share a run, as in the loop
+    pick = dict(pick=config.run.eval_pick, select_folds=config.run.eval_select_folds)
 
     def evaluate(params: Any) -> dict[str, Any]:
         # The same draws before and after RL: a difference is the policy's, not the dice's.
         if comps.views:  # multi-task: per task, the draws of that task's single-task run
             return multitask.evaluate_tasks(comps.views, params, n, jax.random.fold_in(key, 1),
-                                            temp, slots, reuse, truncation)
+                                            temp, slots, reuse, truncation, **pick)
         return best_of_n(comps, params, n, jax.random.fold_in(key, 1), temp, slots, reuse,
-                         truncation)
+                         truncation, **pick)
+
+    def repick(ev: dict[str, Any]) -> dict[str, Any]:
+        """A cached evaluation under this run's pick rule (its candidates are the same)."""
+        for view, one in ([(comps, ev)] if not comps.views else
+                          [(comps.views[t], r) for t, r in ev.get("tasks", {}).items()]):
+            if (one.get("pick") or {}).get("rule", "max") != pick["pick"] or \
+                    "pick_max" not in one:
+                select_pick(one, view.task, view.sandbox, pick["pick"], pick["select_folds"],
+                            view.episode_cfg.timeout_s, slots)
+        return ev
     initial_path = workdir / "eval_initial.json"
     shared = (Path(shared_evals) / f"{initial_eval_key(config, comps.source)}.json"
               if shared_evals else None)
@@ -174,6 +191,13 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
         shutil.copyfile(shared, initial_path)
     if initial_path.exists():
         initial = json.loads(initial_path.read_text())
+        before = json.dumps(initial.get("pick")), json.dumps(initial.get("tasks"))
+        initial = repick(initial)
+        if (json.dumps(initial.get("pick")), json.dumps(initial.get("tasks"))) != before:
+            log.info("best-of-%d of the initial policy: re-picked by %r", n, pick["pick"])
+            save_eval(initial, initial_path)
+            if shared is not None and shared.exists():  # the next variant finds the runs
+                shutil.copyfile(initial_path, shared)
     else:
         log.info("best-of-%d of the initial policy", n)
         initial = evaluate(comps.params)
@@ -191,13 +215,17 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
     save_eval(final, workdir / "eval_final.json")
     if comps.views:
         bests = {t: write_best_solution(v, workdir / "best_solution" / t, trainer.buffers[t],
-                                        final["tasks"][t]) for t, v in comps.views.items()}
+                                        final["tasks"][t], pick["pick"], pick["select_folds"])
+                 for t, v in comps.views.items()}
+        save_eval(final, workdir / "eval_final.json")  # with the RL episodes' selection runs
         report = multitask.write_report(workdir, config, comps.views, initial, final, summary,
                                         bests)
         return {"workdir": str(workdir), "report": str(report),
                 "initial": multitask.brief_tasks(initial),
                 "final": multitask.brief_tasks(final), **summary}
-    best = write_best_solution(comps, workdir / "best_solution", trainer.buffer, final)
+    best = write_best_solution(comps, workdir / "best_solution", trainer.buffer, final,
+                               pick["pick"], pick["select_folds"])
+    save_eval(final, workdir / "eval_final.json")  # with the RL episode's selection runs
     report = write_report(workdir, config, comps, initial, final, summary, best)
     return {"workdir": str(workdir), "report": str(report), "initial": brief_eval(initial),
             "final": brief_eval(final), **summary}

@@ -3,6 +3,9 @@
 import asyncio
 from types import SimpleNamespace
 
+import numpy as np
+import pytest
+
 from rl4mle_jax import best_of_n as bon
 
 
@@ -62,3 +65,77 @@ def test_candidate_replicates_only_where_the_score_counts():
     old = bon.Candidate("solve", "x", None, test_split={"status": "valid", "score": 0.8,
                                                               "grade": {"score": 0.8}})
     assert old.boot("test") is None  # a record from before the replicates
+
+
+# --- the pick ---------------------------------------------------------------------------------
+def _rec(score, boot=None, status="valid"):
+    return {"status": status, "score": score, "grade": {"score_boot": boot}}
+
+
+def _cand(code, reward, boot, test=0.5, kind="solve"):
+    return {"kind": kind, "code": code, "failure": None, "reward_split": _rec(reward, boot),
+            "test_split": _rec(test, [test] * 4)}
+
+
+def _pool(direction="higher"):
+    """Four programs on shared resamples: A best, B 1.5 paired s.e. below, C ~4 below, D
+    invalid; A twice (its better run stands for it)."""
+    rng = np.random.default_rng(0)
+    noise = rng.normal(0, 0.01, 64)
+    sign = 1 if direction == "higher" else -1
+
+    def boot(mu, own):
+        return list(mu + sign * (noise + own))
+
+    own = {k: rng.normal(0, 0.01, 64) for k in "ABC"}
+    se = {k: float(np.std(own["A"] - own[k], ddof=1)) for k in "BC"}
+    a, b, c = 0.80, 0.80 - sign * 1.5 * se["B"], 0.80 - sign * 4.0 * se["C"]
+    return [_cand("A", a - sign * 0.01, boot(a, own["A"]), test=0.70),
+            _cand("A", a, boot(a, own["A"]), test=0.70),
+            _cand("B", b, boot(b, own["B"]), test=0.75),
+            _cand("C", c, boot(c, own["C"]), test=0.90),
+            {"kind": "improve", "code": "D", "failure": None,
+             "reward_split": _rec(None, None, "failure"), "test_split": None},
+            {"kind": "solve", "code": None, "failure": "no_code_block", "reward_split": None,
+             "test_split": None}]
+
+
+@pytest.mark.parametrize("direction", ["higher", "lower"])
+def test_finalists_are_the_programs_within_k_paired_standard_errors_of_the_best(direction):
+    cands = _pool(direction)
+    fin = bon.finalists(cands, direction, k_se=2.0)
+    assert [c["code"] for c in fin] == ["A", "B"] and fin[0] is cands[1]  # A's better run
+    assert [c["code"] for c in bon.finalists(cands, direction, k_se=1.0)] == ["A"]
+    assert [c["code"] for c in bon.finalists(cands, direction, k_se=5.0)] == ["A", "B", "C"]
+    assert [c["code"] for c in bon.finalists(cands, direction, 5.0, max_finalists=2)] == \
+        ["A", "B"]
+    # without replicates only exact ties join the best
+    bare = [{**c, "reward_split": {**c["reward_split"], "grade": {}}}
+            if c["reward_split"] else c for c in cands]
+    assert [c["code"] for c in bon.finalists(bare, direction, 100.0)] == ["A"]
+    assert bon.finalists(cands[4:], direction) == []
+    assert bon.pick_candidate(cands[4:], direction, "cv", {}, ["select1"]) is None
+
+
+@pytest.mark.parametrize("direction", ["higher", "lower"])
+def test_pick_rules_rank_the_finalists_by_their_selection_split_scores(direction):
+    cands = _pool(direction)
+    s = 1 if direction == "higher" else -1
+    folds = ["select1", "select2"]
+    a, b = cands[1]["reward_split"]["score"], cands[2]["reward_split"]["score"]
+    sel = {"A": {"select1": _rec(0.70), "select2": _rec(0.72)},
+           "B": {"select1": _rec(0.70 + s * 0.05), "select2": _rec(0.72 + s * 0.01)}}
+    assert bon.pick_candidate(cands, direction, "max", sel, folds)["code"] == "A"
+    # cv: mean of reward + folds (NumPy reference), folds: the folds alone
+    cv = {k: np.mean([r, *(v["score"] for v in sel[k].values())]) * s
+          for k, r in (("A", a), ("B", b))}
+    want = max(cv, key=cv.get)
+    assert bon.pick_candidate(cands, direction, "cv", sel, folds)["code"] == want
+    assert bon.pick_candidate(cands, direction, "folds", sel, folds)["code"] == "B"
+    # a finalist that fails on a fold ranks after those valid on every fold
+    sel["B"]["select2"] = _rec(None, None, "failure")
+    assert bon.pick_candidate(cands, direction, "folds", sel, folds)["code"] == "A"
+    # no selection runs: the reward split's maximum
+    assert bon.pick_candidate(cands, direction, "folds", {}, folds)["code"] == "A"
+    with pytest.raises(ValueError, match="pick rule"):
+        bon.pick_candidate(cands, direction, "median")

@@ -74,6 +74,7 @@ CHOICES = {
     ("learner", "off_policy"): lc.OFF_POLICY_MODES,
     ("learner", "failure_credit"): lc.FAILURE_CREDIT_MODES,
     ("run", "admission"): run_config.ADMISSION_MODES,
+    ("run", "eval_pick"): run_config.PICK_RULES,
     ("run", "task_sampling"): TASK_SAMPLING,
     ("sampling", "engine"): run_config.ENGINES,
     ("model", "dtype"): ("float32", "bfloat16"),
@@ -266,6 +267,8 @@ def test_qwen_batch_8_fails_in_validation_naming_the_keys():
     ("learner.duration_max_weight", 0.0, "config.learner"),
     ("reward.milestone_evidence", "text", "config.reward"),
     ("reward.rescale_min_se", -1.0, "config.reward"),
+    ("run.eval_pick", "median", "config.run.eval_pick"),
+    ("run.eval_select_folds", -1, "config.run.eval_select_folds"),
     ("learner.num_minibatches", 3, "config.run.batch_size"),
     ("prompt.trim_first", "head", "config.prompt.trim_first"),
 ])

@@ -29,9 +29,11 @@ def test_report_learning_section_and_references(tmp_path, refs):
     wd, ini, fin = _workdir(tmp_path, "lower")
     task = SimpleNamespace(id="t", metric="rmse", direction="lower", reference_scores=refs)
     comps = SimpleNamespace(task=task, source={"warmstart": "ws"})
-    config = SimpleNamespace(run=SimpleNamespace(eval_samples=32))
+    config = SimpleNamespace(run=SimpleNamespace(eval_samples=32, eval_pick="max"))
     summary = {"loop": {"step": 8, "episodes_trained": 64, "episodes_dropped": 0, "wall_s": 240}}
     text = write_report(wd, config, comps, ini, fin, summary, None).read_text()
+    assert "## Best-of-N (N = 32; pick made on the reward split)" in text
+    assert "reward split's maximum" not in text  # the pick is the maximum
     assert "![learning curve](plots/learning_curve.png)" in text
     assert (wd / "plots" / "learning_curve.png").stat().st_size > 0
     # quarters of 8 steps are 2 steps: mean(-10, -6) = -8 -> mean(0.8, 0.9) = 0.85
@@ -63,7 +65,7 @@ def test_report_arrival_bias_table(tmp_path):
     (wd / "experience.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
     task = SimpleNamespace(id="t", metric="rmse", direction="lower", reference_scores={})
     comps = SimpleNamespace(task=task, source={"warmstart": "ws"})
-    config = SimpleNamespace(run=SimpleNamespace(eval_samples=32))
+    config = SimpleNamespace(run=SimpleNamespace(eval_samples=32, eval_pick="max"))
     text = write_report(wd, config, comps, ini, fin, {}, None).read_text()
     assert "![arrival bias](plots/arrival_bias.png)" in text
     assert "left out lines of their parent" not in text  # no improve episode
@@ -91,7 +93,7 @@ def test_report_says_how_many_improve_prompts_cut_their_parent(tmp_path):
     (wd / "experience.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
     task = SimpleNamespace(id="t", metric="auc", direction="higher", reference_scores={})
     comps = SimpleNamespace(task=task, source={"warmstart": "ws"})
-    config = SimpleNamespace(run=SimpleNamespace(eval_samples=32))
+    config = SimpleNamespace(run=SimpleNamespace(eval_samples=32, eval_pick="max"))
     text = write_report(wd, config, comps, ini, fin, {}, None).read_text()
     assert ("Improve prompts that left out lines of their parent program to fit "
             "`prompt.max_prompt_tokens`: 2 of 4 trained improve episodes (valid rate 0.5000 "
@@ -100,3 +102,25 @@ def test_report_says_how_many_improve_prompts_cut_their_parent(tmp_path):
             "valid rate 1.0000; of the 2 where both are valid the child scored better in 50%, "
             "the same in 0% and worse in 50% (mean change +0.0000 in the reward's score scale, "
             "higher is better).") in text, text
+
+
+def test_report_shows_the_reward_splits_maximum_beside_a_cv_pick(tmp_path):
+    wd = tmp_path / "run"
+    wd.mkdir()
+    (wd / "metrics.jsonl").write_text(json.dumps({"step": 1, "wall_s": 30.0, "reward/mean": 0.1}) + "\n")
+    for name, cv, top in (("eval_initial.json", 0.40, 0.40), ("eval_final.json", 0.35, 0.45)):
+        (wd / name).write_text(json.dumps({
+            "n": 32, "direction": "lower", "valid_rate": 0.5,
+            "pick": {"rule": "cv", "test_score": cv},
+            "pick_max": {"rule": "max", "test_score": top}}))
+    task = SimpleNamespace(id="t", metric="rmse", direction="lower", reference_scores={})
+    comps = SimpleNamespace(task=task, source={"warmstart": "ws"})
+    config = SimpleNamespace(run=SimpleNamespace(eval_samples=32, eval_pick="cv"))
+    ini, fin = (json.loads((wd / n).read_text()) for n in ("eval_initial.json",
+                                                             "eval_final.json"))
+    text = write_report(wd, config, comps, ini, fin, {"loop": {}}, None).read_text()
+    assert "## Best-of-N (N = 32; pick made on the reward and selection splits)" in text
+    assert ("| test score of the pick (made on the reward and selection splits, "
+            "`run.eval_pick=cv`) | 0.4000 | 0.3500 | +0.0500 | >= +0 |") in text, text
+    assert ("| test score of the reward split's maximum (the \"max\" rule, for comparison) | "
+            "0.4000 | 0.4500 | -0.0500 | — |") in text

@@ -25,6 +25,10 @@ from typing import Any
 from rl4mle_jax.env.metrics import METRICS
 
 SPLITS = ("reward", "test")
+# Selection splits "select1", "select2", ...: more carves of public train like the reward split
+# (the same share held out, seeds reward_seed + k), which the RL loop never trains on; the
+# best-of-N pick cross-checks its finalists there (`best_of_n`, `select_splits`).
+SELECT_PREFIX = "select"
 DEFAULT_TIMEOUT_S = 300.0
 REWARD_FRACTION = 0.2
 REWARD_SEED = 0
@@ -66,7 +70,8 @@ class Task:
     # {split: standard error of a typical valid score there}, measured at run time where the
     # reward rescales (env.baselines.ensure_reference_se); never part of task.json.
     reference_se: dict = field(default_factory=dict, repr=False, compare=False)
-    _reward_ready: bool = field(default=False, repr=False, compare=False)
+    # the carved views made or verified in this process ("reward", "select<k>")
+    _ready: set = field(default_factory=set, repr=False, compare=False)
 
     @property
     def public_dir(self) -> Path:
@@ -99,19 +104,30 @@ class Task:
         public = {k: v for k, v in files.items() if k.startswith("public/")}
         return {"digest": _digest(files), "public_digest": _digest(public), "files": files}
 
-    def ensure_reward_split(self) -> Path:
-        """Create (or verify) the reward view; returns its root."""
+    def _view_root(self, split: str) -> Path:
+        """Where the carved view of `split` ("reward" or a selection split) lives: selection
+        splits sit beside the reward view, so they follow it out of a user's directory."""
+        k = select_index(split)
+        return self._reward_root() if k is None else \
+            self._reward_root().parent / f"{SELECT_PREFIX}{k}"
+
+    def ensure_reward_split(self, split: str = "reward") -> Path:
+        """Create (or verify) the reward view, or a selection split's (held out with seed
+        reward_seed + k); returns its root."""
         from rl4mle_jax.env.datasets.splits import carve_reward_split
 
-        out = self._reward_root()
+        _check_split(split)
+        if split == "test":
+            raise ValueError("the test split is the task's own, not carved")
+        out = self._view_root(split)
         carve_reward_split(public_dir=self.public_dir, out_dir=out, train_file=self.train_file,
                            test_file=self.test_file,
                            sample_submission_file=self.sample_submission_file,
                            id_column=self.id_column, target_columns=self.target_columns,
                            label_column=self.label_column, fraction=self.reward_fraction,
-                           seed=self.reward_seed,
+                           seed=self.reward_seed + (select_index(split) or 0),
                            source_sha256=self.fingerprint()["public_digest"])
-        self._reward_ready = True
+        self._ready.add(split)
         return out
 
     def input_dir(self, split: str = "reward") -> Path:
@@ -119,16 +135,16 @@ class Task:
         _check_split(split)
         if split == "test":
             return self.public_dir
-        if not self._reward_ready:  # once per process: made, or verified against the sources
-            self.ensure_reward_split()
-        return self._reward_root() / "public"
+        if split not in self._ready:  # once per process: made, or verified against the sources
+            self.ensure_reward_split(split)
+        return self._view_root(split) / "public"
 
     def answers_path(self, split: str = "reward") -> Path:
         _check_split(split)
         if split == "test":
             return self.private_dir / self.answers_file
-        self.input_dir("reward")
-        return self._reward_root() / "private" / "answers.csv"
+        self.input_dir(split)
+        return self._view_root(split) / "private" / "answers.csv"
 
     def sample_submission_path(self, split: str = "reward") -> Path | None:
         if self.sample_submission_file is None:
@@ -148,7 +164,7 @@ class Task:
     def to_spec(self) -> dict[str, Any]:
         """The task.json form of this task."""
         d = asdict(self)
-        for k in ("root", "reward_root", "layout", "description", "extra", "_reward_ready",
+        for k in ("root", "reward_root", "layout", "description", "extra", "_ready",
                   "reference_se"):
             d.pop(k)
         return {**self.extra, **d}
@@ -158,9 +174,21 @@ def _digest(files: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
+def select_index(split: str) -> int | None:
+    """k of a selection split "select<k>" (k >= 1), else None."""
+    rest = split[len(SELECT_PREFIX):] if split.startswith(SELECT_PREFIX) else ""
+    return int(rest) if rest.isdigit() and int(rest) >= 1 and rest[0] != "0" else None
+
+
+def select_splits(k: int) -> list[str]:
+    """The first k selection splits: ["select1", ..., "select<k>"]."""
+    return [f"{SELECT_PREFIX}{i}" for i in range(1, int(k) + 1)]
+
+
 def _check_split(split: str) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if split not in SPLITS and select_index(split) is None:
+        raise ValueError(f"split must be one of {SPLITS} or a selection split "
+                         f"{SELECT_PREFIX}<k> (k >= 1), got {split!r}")
 
 
 _REQUIRED = {"id": str, "metric": str, "id_column": str, "target_columns": list}

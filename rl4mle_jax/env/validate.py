@@ -373,7 +373,7 @@ def _dry_run(task: Task, rep: _Report, max_prompt_tokens, libraries, count_token
     near = task._reward_root().parent
     near.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".validate-", dir=near) as tmp:
-        scratch = dataclasses.replace(task, reward_root=Path(tmp) / "reward", _reward_ready=False)
+        scratch = dataclasses.replace(task, reward_root=Path(tmp) / "reward", _ready=set())
         try:
             scratch.ensure_reward_split()
         except Exception as e:  # noqa: BLE001 - whatever the carve hits, named

@@ -418,3 +418,106 @@ def test_references_that_cannot_be_measured_are_named_and_the_run_goes_on(own_ta
     other = load_task(tasks["cancer"], data_root=data)
     assert not baselines.ensure_reference_scores(other, None, tmp_path / "x", logs.append)
     assert "no reference solutions could be generated" in logs[-1] and "no numeric" in logs[-1]
+
+
+_RIDGE = '''import os
+import pandas as pd
+from sklearn.linear_model import Ridge
+
+train = pd.read_csv("input/train.csv")
+test = pd.read_csv("input/test.csv")
+features = [c for c in train.columns if c not in ("rownames", "medv")]
+model = Ridge(alpha={alpha}).fit(train[features], train["medv"])
+os.makedirs("submission", exist_ok=True)
+pd.DataFrame({{"rownames": test["rownames"], "medv": model.predict(test[features])}}).to_csv(
+    "submission/submission.csv", index=False)
+'''
+
+
+def test_cv_pick_runs_the_finalists_on_selection_splits_once(own_tasks):
+    """best_of_n.select_pick with real runs: the finalists (and only they) run on the selection
+    splits, the pick is the best mean over the reward split and those (NumPy reference), the
+    reward-split maximum is kept beside it, and re-picking under any rule runs nothing again."""
+    import hashlib
+
+    from rl4mle_jax import best_of_n as bon
+    from rl4mle_jax.env.execute import default_sandbox, run_and_grade
+
+    tasks, data = own_tasks
+    task = load_task(tasks["boston"], data_root=data)
+    box = default_sandbox(task.timeout_s)
+    calls = []
+
+    class Counting:
+        async def arun(self, code, input_dir, timeout_s=None):
+            calls.append(str(input_dir))
+            return await box.arun(code, input_dir, timeout_s=timeout_s)
+
+    # two near-ties (a comment apart: the same predictions) and two clearly different
+    codes = [_RIDGE.format(alpha=a) for a in (1.0, 30.0, 1e5)]
+    codes.insert(1, codes[0] + "# the same model\n")
+    cands = [{"kind": "solve", "code": c, "failure": None,
+              **{f"{sp}_split": run_and_grade(c, task, box, split=sp).reward.to_dict()
+                 for sp in ("reward", "test")}} for c in codes]
+    assert all(c["reward_split"]["status"] == "valid" for c in cands)
+    ev = {"direction": "lower", "candidates": cands}
+    bon.select_pick(ev, task, Counting(), "cv", 2, task.timeout_s)
+    fin = bon.finalists(cands, "lower")
+    assert codes[0] in [c["code"] for c in fin] and codes[1] in [c["code"] for c in fin]
+    assert codes[3] not in [c["code"] for c in fin]  # far off: never run again
+    assert len(calls) == 2 * len(fin) and ev["selection"]["finalists"] == len(fin)
+    assert all("select" in p for p in calls)
+    runs = ev["selection"]["runs"]
+
+    def cv(c):
+        folds = runs[hashlib.sha256(c["code"].encode()).hexdigest()]
+        assert sorted(folds) == ["select1", "select2"]
+        return np.mean([c["reward_split"]["score"], *(r["score"] for r in folds.values())])
+
+    best = min(cv(c) for c in fin)
+    assert ev["pick"]["rule"] == "cv" and cv({"code": ev["pick"]["code"],
+                                              "reward_split": {"score": ev["pick"]
+                                                               ["reward_score"]}}) == best
+    assert set(ev["pick"]["select_scores"]) == {"select1", "select2"}
+    top = min(cands, key=lambda c: c["reward_split"]["score"])
+    assert ev["pick_max"]["code"] == top["code"] and ev["pick_max"]["rule"] == "max"
+    assert ev["pick"]["test_score"] == next(c["test_split"]["score"] for c in cands
+                                            if c["code"] == ev["pick"]["code"])
+    # re-picked under any rule: no run repeats
+    for rule in ("folds", "cv", "max"):
+        bon.select_pick(ev, task, Counting(), rule, 2, task.timeout_s)
+        assert len(calls) == 2 * len(fin) and ev["pick"]["rule"] == rule
+    assert ev["pick"] == ev["pick_max"]
+
+
+def test_best_solution_ranks_the_rl_episode_as_the_pick_rule_does(own_tasks, tmp_path):
+    """write_best_solution: under "max" the RL episode with the better reward-split score wins;
+    under "cv" it runs on the pick's selection splits too and loses there to a better pick."""
+    from types import SimpleNamespace
+
+    from rl4mle_jax.best_of_n import runs_of
+    from rl4mle_jax.env.execute import default_sandbox, run_and_grade
+    from rl4mle_jax.report import write_best_solution
+
+    tasks, data = own_tasks
+    task = load_task(tasks["boston"], data_root=data)
+    comps = SimpleNamespace(task=task, sandbox=default_sandbox(task.timeout_s),
+                            episode_cfg=SimpleNamespace(timeout_s=task.timeout_s))
+    good, bad = _RIDGE.format(alpha=1.0), _RIDGE.format(alpha=1e5)
+    score = run_and_grade(good, task, comps.sandbox).reward.score
+    # the RL episode's lucky reward-split score: better than the pick's
+    buffer = SimpleNamespace(best=lambda: {"code": bad, "record": {"score": score - 1.0}})
+
+    def final():
+        return {"direction": "lower", "pick": {"code": good, "reward_score": score}}
+
+    info = write_best_solution(comps, tmp_path / "max", buffer, final())
+    assert info["origin"] == "rl_episode" and info["rule"] == "max"
+    ev = final()
+    info = write_best_solution(comps, tmp_path / "cv", buffer, ev, "cv", 2)
+    assert info["origin"] == "final_best_of_n" and info["rule"] == "cv"
+    assert (tmp_path / "cv" / "solution.py").read_text() == good
+    for code in (good, bad):
+        assert sorted(runs_of(ev, code)) == ["select1", "select2"]
+    assert info["select_scores"] == {sp: r["score"] for sp, r in runs_of(ev, good).items()}
+    assert json.loads((tmp_path / "cv" / "result.json").read_text())["rule"] == "cv"

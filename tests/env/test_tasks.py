@@ -9,10 +9,17 @@ import pytest
 
 from rl4mle_jax.env import mlebench
 from rl4mle_jax.env.datasets import REGISTRY
-from rl4mle_jax.env.datasets.splits import verify_checksums
+from rl4mle_jax.env.datasets.splits import split_indices, verify_checksums
 from rl4mle_jax.env.grading import grade
 from rl4mle_jax.env.metrics import METRICS
-from rl4mle_jax.env.tasks import TaskSpecError, list_tasks, load_task, prepare_task
+from rl4mle_jax.env.tasks import (
+    TaskSpecError,
+    list_tasks,
+    load_task,
+    prepare_task,
+    select_index,
+    select_splits,
+)
 
 
 @pytest.fixture(scope="session")
@@ -164,6 +171,48 @@ def test_handmade_task_loads_and_reward_split(tmp_path):
         load_task(root)
     with pytest.raises(TaskSpecError, match="unknown task 'no-such-task'"):
         load_task("no-such-task", data_root=tmp_path / "data")
+
+
+def test_selection_splits_are_more_carves_beside_the_reward_view(tmp_path):
+    """"select<k>": public train carved like the reward split (same share held out, seed
+    reward_seed + k), beside the reward view (out of the user's directory), graded like it."""
+    root = _handmade(tmp_path / "hand")
+    n = 40
+    pd.DataFrame({"id": range(1, n + 1), "x": np.arange(n) / 2, "y": np.arange(n) % 2}).to_csv(
+        root / "public" / "train.csv", index=False)
+    task = load_task(root, data_root=tmp_path / "data")
+    assert select_splits(3) == ["select1", "select2", "select3"]
+    assert [select_index(s) for s in ("select1", "select12", "select0", "select01", "selectx",
+                                      "reward", "test")] == [1, 12, None, None, None, None, None]
+    for bad in ("select0", "select", "fold1", "validation"):
+        with pytest.raises(ValueError, match="selection split"):
+            task.input_dir(bad)
+    train = pd.read_csv(root / "public" / "train.csv")
+    held = {}
+    for sp in ("reward", "select1", "select2"):
+        ans = pd.read_csv(task.answers_path(sp))
+        pub = pd.read_csv(task.input_dir(sp) / "train.csv")
+        assert task.input_dir(sp).is_relative_to(tmp_path / "data" / "derived")
+        assert len(ans) == round(len(train) * task.reward_fraction)
+        assert len(ans) + len(pub) == len(train)
+        assert not set(ans[task.id_column]) & set(pub[task.id_column])
+        held[sp] = set(ans[task.id_column])
+        keep, hold = split_indices(len(train), task.reward_fraction,
+                                   task.reward_seed + (select_index(sp) or 0))
+        assert held[sp] == set(train[task.id_column].iloc[hold])
+    assert len({frozenset(v) for v in held.values()}) == 3  # three different carves
+    assert task.input_dir("select1").parent.parent == task.input_dir("reward").parent.parent
+    assert not (root / "reward").exists() and not (root / "select1").exists()
+    # graded against its own answers
+    sub = pd.read_csv(task.answers_path("select1"))
+    path = tmp_path / "perfect.csv"
+    sub.to_csv(path, index=False)
+    rep = grade(task, path, split="select1")
+    assert rep.valid and rep.split == "select1" and rep.n_rows == len(sub)
+    assert rep.score == 1.0
+    assert not grade(task, path, split="reward").valid  # other rows: not a submission there
+    with pytest.raises(ValueError, match="not carved"):
+        task.ensure_reward_split("test")
 
 
 # --- MLE-bench prepared layout ---------------------------------------------------------------

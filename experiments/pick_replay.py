@@ -1,0 +1,212 @@
+"""Replays the best-of-N pick of finished runs under other pick rules, on their own candidates.
+
+    python experiments/pick_replay.py workdirs/lc_chile workdirs/lc_house ... [--folds 2]
+
+For every run (`<root>/<variant>/seed<k>/`) and each of its two evaluations (initial, final), the
+finalists (`best_of_n.finalists`: distinct programs valid on the reward split within `--k-se`
+paired standard errors of the best, at most `--max-finalists`) run once more on `--folds`
+selection splits (`Task` "select<k>": carves of public train like the reward split, never
+trained on). The script then scores each pick rule by the test split score of its pick, per
+evaluation against the reward-split maximum and per run as the learning check's test change
+(final pick vs initial pick). Runs are cached by (task, split, program) in
+`<root>/_pick_replay/runs.jsonl`, so a re-run resumes. Prints markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rl4mle_jax import study  # noqa: E402
+from rl4mle_jax.best_of_n import finalists, pick_candidate  # noqa: E402
+from rl4mle_jax.env.execute import arun_and_grade, default_sandbox  # noqa: E402
+from rl4mle_jax.env.metrics import oriented_score  # noqa: E402
+from rl4mle_jax.env.tasks import load_task, select_splits  # noqa: E402
+from rl4mle_jax.run_config import PICK_RULES  # noqa: E402
+
+
+def _key(task_id: str, split: str, code: str) -> str:
+    return hashlib.sha256(f"{task_id}\0{split}\0{code}".encode()).hexdigest()[:24]
+
+
+class RunCache:
+    def __init__(self, path: Path):
+        self.path = path
+        self.rows: dict[str, dict[str, Any]] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                self.rows[r["key"]] = r
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows[row["key"]] = row
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+async def _fill(jobs: list[tuple[str, str, Any, str]], cache: RunCache, sandbox: Any,
+                concurrency: int) -> None:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(key: str, split: str, task: Any, code: str) -> None:
+        async with sem:
+            run = await arun_and_grade(code, task, sandbox, split=split)
+        rec = run.reward.to_dict()
+        cache.add({"key": key, "status": rec["status"], "score": rec.get("score"),
+                   "score_boot": (rec.get("grade") or {}).get("score_boot"),
+                   "duration_s": rec.get("duration_s")})
+
+    await asyncio.gather(*(one(*j) for j in jobs))
+
+
+def _select_records(ev: dict[str, Any], task: Any, cache: RunCache, folds: list[str]
+                    ) -> dict[str, dict[str, dict[str, Any]]]:
+    """{code: {split: record}} of the finalists' selection-split runs, from the cache."""
+    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for c in ev["candidates"]:
+        if c.get("code") is None:
+            continue
+        for sp in folds:
+            r = cache.rows.get(_key(task.id, sp, c["code"]))
+            if r is not None:
+                out[c["code"]][sp] = {"status": r["status"], "score": r["score"],
+                                      "grade": {"score_boot": r["score_boot"]}}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("roots", nargs="+")
+    ap.add_argument("--folds", type=int, default=2)
+    ap.add_argument("--k-se", type=float, default=2.0)
+    ap.add_argument("--max-finalists", type=int, default=6)
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--no-run", action="store_true", help="tables from the cache only")
+    args = ap.parse_args(argv)
+    folds = select_splits(args.folds)
+    sandbox = default_sandbox()
+    per_run: list[dict[str, Any]] = []
+    per_eval: list[dict[str, Any]] = []
+    extra_runs = 0
+    for root in map(Path, args.roots):
+        cache = RunCache(root / "_pick_replay" / "runs.jsonl")
+        for variant, runs in study.load_study(root).items():
+            for run in runs:
+                if not run.initial or not run.final or not run.config:
+                    continue
+                task = load_task(run.config["task"], run.config.get("data_root"))
+                picks: dict[str, dict[str, Any]] = {}
+                for tag, ev in (("initial", run.initial), ("final", run.final)):
+                    d = ev.get("direction", task.direction)
+                    fin = finalists(ev["candidates"], d, args.k_se, args.max_finalists)
+                    jobs = [(_key(task.id, sp, c["code"]), sp, task, c["code"])
+                            for c in fin for sp in folds
+                            if _key(task.id, sp, c["code"]) not in cache.rows]
+                    if jobs and not args.no_run:
+                        print(f"{root.name}/{variant}/seed{run.seed} {tag}: {len(jobs)} runs",
+                              flush=True)
+                        asyncio.run(_fill(jobs, cache, sandbox, args.concurrency))
+                    extra_runs += len(fin) * len(folds)
+                    sel = _select_records(ev, task, cache, folds)
+                    row = {"root": root.name, "variant": variant, "seed": run.seed, "eval": tag,
+                           "direction": d, "finalists": len(fin), "same_as": _digest(ev)}
+                    for rule in PICK_RULES:
+                        c = pick_candidate(ev["candidates"], d, rule, sel, folds, args.k_se,
+                                           args.max_finalists)
+                        t = None if c is None else _test(c)
+                        row[rule] = (None if t is None else oriented_score(t, d),
+                                     None if c is None else _test_boot(c))
+                    per_eval.append(row)
+                    picks[tag] = row
+                r = {"root": root.name, "variant": variant, "seed": run.seed}
+                for rule in PICK_RULES:
+                    (t0, b0), (t1, b1) = picks["initial"][rule], picks["final"][rule]
+                    r[rule] = (None if t0 is None or t1 is None else t1 - t0,
+                               study.paired_se(b0, b1))
+                per_run.append(r)
+    distinct = list({r["same_as"]: r for r in per_eval}.values())  # sweeps share initial evals
+    print(f"\n{len(distinct)} distinct evaluations of {len(per_run)} runs; {extra_runs} "
+          f"selection runs (finalists x folds)")
+    for tag in ("initial", "final", None):
+        print(f"\nEvaluations: {tag or 'all'}")
+        print(_eval_table([r for r in distinct if tag in (None, r["eval"])]))
+    print()
+    print(_run_table(per_run))
+    return 0
+
+
+def _digest(ev: dict[str, Any]) -> str:
+    """Same candidates, same records: the same evaluation (a sweep's variants share one)."""
+    return hashlib.sha256(json.dumps([(c.get("code"), (c.get("reward_split") or {}).get("score"))
+                                      for c in ev["candidates"]]).encode()).hexdigest()
+
+
+def _test(c: dict[str, Any]) -> float | None:
+    r = c.get("test_split")
+    return r["score"] if r and r.get("status") == "valid" else None
+
+
+def _test_boot(c: dict[str, Any]) -> list[float] | None:
+    r = c.get("test_split") or {}
+    return (r.get("grade") or {}).get("score_boot")
+
+
+def _z(diff: float, se: float | None) -> float:
+    return 0.0 if abs(diff) < 1e-12 else (diff / se if se else float("nan"))
+
+
+def _eval_table(rows: list[dict[str, Any]]) -> str:
+    """Per rule, its pick's test score against the reward-split maximum's, evaluation by
+    evaluation: how often it differs, is better or worse, and the mean paired z."""
+    lines = ["| rule | evaluations | differs | better | worse | mean z vs max (± s.e.) |",
+             "|---|---|---|---|---|---|"]
+    for rule in PICK_RULES:
+        zs = []
+        for r in rows:
+            (a, ba), (b, bb) = r["max"], r[rule]
+            if a is None or b is None:
+                continue
+            zs.append(_z(b - a, study.paired_se(ba, bb)))
+        z = np.asarray(zs, float)
+        nz = z[z != 0]
+        lines.append(f"| {rule} | {len(z)} | {len(nz)} | {(nz > 0).sum()} | {(nz < 0).sum()} | "
+                     f"{np.nanmean(z):+.3f} ± {np.nanstd(z) / np.sqrt(max(len(z), 1)):.3f} |")
+    return "\n".join(lines)
+
+
+def _run_table(rows: list[dict[str, Any]]) -> str:
+    """Per rule, the learning check's test change (final pick vs initial pick) over the runs."""
+    lines = ["| rule | runs | worse | same | better | mean z of the change (± s.e.) |",
+             "|---|---|---|---|---|---|"]
+    for rule in PICK_RULES:
+        g = [r[rule] for r in rows if r[rule][0] is not None]
+        z = np.asarray([_z(d, se) for d, se in g], float)
+        w = sum(d < -1e-12 for d, _ in g)
+        b = sum(d > 1e-12 for d, _ in g)
+        lines.append(f"| {rule} | {len(g)} | {w} | {len(g) - w - b} | {b} | "
+                     f"{np.nanmean(z):+.3f} ± {np.nanstd(z) / np.sqrt(max(len(z), 1)):.3f} |")
+    by_task: dict[str, list[str]] = defaultdict(list)
+    for r in rows:
+        by_task[r["root"]].append(" ".join(
+            f"{rule}:{'—' if r[rule][0] is None else f'{r[rule][0]:+.4g}'}" for rule in PICK_RULES))
+    lines += ["", "Per run (test change, oriented so > 0 is better):"]
+    lines += [f"- {k} · " + " | ".join(v) for k, v in by_task.items()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
