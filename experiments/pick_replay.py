@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                         asyncio.run(_fill(jobs, cache, sandbox, args.concurrency))
                     extra_runs += len(fin) * len(folds)
                     sel = _select_records(ev, task, cache, folds)
-                    row = {"root": root.name, "variant": variant, "seed": run.seed, "eval": tag,
+                    row = {"root": root.name, "task": Path(str(run.config["task"])).name,
+                           "variant": variant, "seed": run.seed, "eval": tag,
                            "direction": d, "finalists": len(fin), "same_as": _digest(ev)}
                     for rule in PICK_RULES:
                         c = pick_candidate(ev["candidates"], d, rule, sel, folds, args.k_se,
@@ -144,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     for tag in ("initial", "final", None):
         print(f"\nEvaluations: {tag or 'all'}")
         print(_eval_table([r for r in distinct if tag in (None, r["eval"])]))
+    print("\nBy task, all evaluations (rule against the reward split's maximum: evaluations where "
+          "it picks another program, better / worse on test):")
+    print(_task_table(distinct))
     print()
     print(_run_table(per_run))
     return 0
@@ -185,6 +189,21 @@ def _eval_table(rows: list[dict[str, Any]]) -> str:
         nz = z[z != 0]
         lines.append(f"| {rule} | {len(z)} | {len(nz)} | {(nz > 0).sum()} | {(nz < 0).sum()} | "
                      f"{np.nanmean(z):+.3f} ± {np.nanstd(z) / np.sqrt(max(len(z), 1)):.3f} |")
+    return "\n".join(lines)
+
+
+def _task_table(rows: list[dict[str, Any]]) -> str:
+    rules = [r for r in PICK_RULES if r != "max"]
+    lines = ["| task | evaluations | " + " | ".join(rules) + " |",
+             "|---|---|" + "---|" * len(rules)]
+    for task in sorted({r["task"] for r in rows}):
+        mine = [r for r in rows if r["task"] == task and r["max"][0] is not None]
+        cells = []
+        for rule in rules:
+            d = [r[rule][0] - r["max"][0] for r in mine if r[rule][0] is not None]
+            cells.append(f"{sum(abs(x) > 1e-12 for x in d)}: {sum(x > 1e-12 for x in d)} / "
+                         f"{sum(x < -1e-12 for x in d)}")
+        lines.append(f"| {task} | {len(mine)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

