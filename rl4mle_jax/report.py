@@ -27,10 +27,11 @@ def brief_eval(result: dict[str, Any]) -> dict[str, Any]:
 def write_best_solution(comps: Any, out_dir: Path, buffer: Any, final: dict[str, Any],
                         rule: str = "max", folds: int = 0) -> dict[str, Any] | None:
     """Best of (RL's best episode, final best-of-N pick), run on test. Under `rule` "max" the
-    better reward-split score wins; under the other pick rules (best_of_n.rule_key) the RL
-    episode is one more finalist: it runs on the same `folds` selection splits as the pick
-    (recorded in `final["selection"]`) and the two are ranked as the pick ranks its finalists,
-    so the reward split's luckiest program of the whole run does not win on that luck alone."""
+    better reward-split score wins. Under the other pick rules the RL episode runs on the same
+    `folds` selection splits as the pick (recorded in `final["selection"]`) and the better mean
+    there wins (best_of_n.rule_key's "folds"): the RL episode's reward-split score is the
+    maximum over every episode of the run, more inflated by the split's noise than a
+    finalist's among N, so only the splits neither was chosen on compare them fairly."""
     direction = comps.task.direction
     options = []
     if buffer.best() is not None:
@@ -47,7 +48,7 @@ def write_best_solution(comps: Any, out_dir: Path, buffer: Any, final: dict[str,
         run_on_folds([o[1] for o in options], comps.task, comps.sandbox, splits, runs,
                      comps.episode_cfg.timeout_s)
         origin, code, reward_score = max(options, key=lambda o: rule_key(
-            {"reward_split": {"status": "valid", "score": o[2]}}, direction, rule,
+            {"reward_split": {"status": "valid", "score": o[2]}}, direction, "folds",
             runs_of(final, o[1]), splits))
     else:
         origin, code, reward_score = max(options, key=lambda o: oriented_score(o[2],
