@@ -107,7 +107,8 @@ def test_report_says_how_many_improve_prompts_cut_their_parent(tmp_path):
 def test_report_shows_the_reward_splits_maximum_beside_a_cv_pick(tmp_path):
     wd = tmp_path / "run"
     wd.mkdir()
-    (wd / "metrics.jsonl").write_text(json.dumps({"step": 1, "wall_s": 30.0, "reward/mean": 0.1}) + "\n")
+    row = {"step": 1, "wall_s": 30.0, "reward/mean": 0.1}
+    (wd / "metrics.jsonl").write_text(json.dumps(row) + "\n")
     for name, cv, top in (("eval_initial.json", 0.40, 0.40), ("eval_final.json", 0.35, 0.45)):
         (wd / name).write_text(json.dumps({
             "n": 32, "direction": "lower", "valid_rate": 0.5,
