@@ -15,7 +15,6 @@ evaluation against the reward-split maximum and per run as the learning check's 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import json
 import sys
@@ -28,8 +27,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rl4mle_jax import study  # noqa: E402
-from rl4mle_jax.best_of_n import finalists, pick_candidate  # noqa: E402
-from rl4mle_jax.env.execute import arun_and_grade, default_sandbox  # noqa: E402
+from rl4mle_jax.best_of_n import (  # noqa: E402
+    code_key,
+    finalists,
+    pick_candidate,
+    run_on_folds,
+    valid_boot,
+    valid_score,
+)
+from rl4mle_jax.env.execute import default_sandbox  # noqa: E402
 from rl4mle_jax.env.metrics import oriented_score  # noqa: E402
 from rl4mle_jax.env.tasks import load_task, select_splits  # noqa: E402
 from rl4mle_jax.run_config import PICK_RULES  # noqa: E402
@@ -58,34 +64,31 @@ class RunCache:
             f.write(json.dumps(row) + "\n")
 
 
-async def _fill(jobs: list[tuple[str, str, Any, str]], cache: RunCache, sandbox: Any,
-                concurrency: int) -> None:
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one(key: str, split: str, task: Any, code: str) -> None:
-        async with sem:
-            run = await arun_and_grade(code, task, sandbox, split=split)
-        rec = run.reward.to_dict()
-        cache.add({"key": key, "status": rec["status"], "score": rec.get("score"),
-                   "score_boot": (rec.get("grade") or {}).get("score_boot"),
-                   "duration_s": rec.get("duration_s")})
-
-    await asyncio.gather(*(one(*j) for j in jobs))
-
-
-def _select_records(ev: dict[str, Any], task: Any, cache: RunCache, folds: list[str]
-                    ) -> dict[str, dict[str, dict[str, Any]]]:
-    """{code: {split: record}} of the finalists' selection-split runs, from the cache."""
-    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
-    for c in ev["candidates"]:
-        if c.get("code") is None:
-            continue
+def _fold_runs(fin: list[dict[str, Any]], task: Any, cache: RunCache, folds: list[str]
+               ) -> dict[str, dict[str, dict[str, Any]]]:
+    """The finalists' cached selection runs, as `best_of_n.run_on_folds` keeps them
+    ({code_key: {split: record}})."""
+    runs: dict[str, dict[str, dict[str, Any]]] = {}
+    for c in fin:
         for sp in folds:
             r = cache.rows.get(_key(task.id, sp, c["code"]))
             if r is not None:
-                out[c["code"]][sp] = {"status": r["status"], "score": r["score"],
-                                      "grade": {"score_boot": r["score_boot"]}}
-    return out
+                runs.setdefault(code_key(c["code"]), {})[sp] = {
+                    "status": r["status"], "score": r["score"],
+                    "grade": {"score_boot": r["score_boot"]}, "duration_s": r["duration_s"]}
+    return runs
+
+
+def _store(fin: list[dict[str, Any]], task: Any, cache: RunCache, folds: list[str],
+           runs: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """Appends the runs `run_on_folds` added to the cache."""
+    for c in fin:
+        for sp, rec in runs.get(code_key(c["code"]), {}).items():
+            key = _key(task.id, sp, c["code"])
+            if key not in cache.rows:
+                cache.add({"key": key, "status": rec["status"], "score": rec["score"],
+                           "score_boot": rec["grade"]["score_boot"],
+                           "duration_s": rec["duration_s"]})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,24 +116,25 @@ def main(argv: list[str] | None = None) -> int:
                 for tag, ev in (("initial", run.initial), ("final", run.final)):
                     d = ev.get("direction", task.direction)
                     fin = finalists(ev["candidates"], d, args.k_se, args.max_finalists)
-                    jobs = [(_key(task.id, sp, c["code"]), sp, task, c["code"])
-                            for c in fin for sp in folds
-                            if _key(task.id, sp, c["code"]) not in cache.rows]
-                    if jobs and not args.no_run:
-                        print(f"{root.name}/{variant}/seed{run.seed} {tag}: {len(jobs)} runs",
+                    runs = _fold_runs(fin, task, cache, folds)
+                    todo = len(fin) * len(folds) - sum(len(v) for v in runs.values())
+                    if todo and not args.no_run:
+                        print(f"{root.name}/{variant}/seed{run.seed} {tag}: {todo} runs",
                               flush=True)
-                        asyncio.run(_fill(jobs, cache, sandbox, args.concurrency))
+                        run_on_folds([c["code"] for c in fin], task, sandbox, folds, runs,
+                                     concurrency=args.concurrency)
+                        _store(fin, task, cache, folds, runs)
                     extra_runs += len(fin) * len(folds)
-                    sel = _select_records(ev, task, cache, folds)
+                    sel = {c["code"]: runs.get(code_key(c["code"]), {}) for c in fin}
                     row = {"root": root.name, "task": Path(str(run.config["task"])).name,
                            "variant": variant, "seed": run.seed, "eval": tag,
                            "direction": d, "finalists": len(fin), "same_as": _digest(ev)}
                     for rule in PICK_RULES:
                         c = pick_candidate(ev["candidates"], d, rule, sel, folds, args.k_se,
                                            args.max_finalists)
-                        t = None if c is None else _test(c)
+                        t = None if c is None else valid_score(c["test_split"])
                         row[rule] = (None if t is None else oriented_score(t, d),
-                                     None if c is None else _test_boot(c))
+                                     None if c is None else valid_boot(c["test_split"]))
                     per_eval.append(row)
                     picks[tag] = row
                 r = {"root": root.name, "variant": variant, "seed": run.seed}
@@ -157,16 +161,6 @@ def _digest(ev: dict[str, Any]) -> str:
     """Same candidates, same records: the same evaluation (a sweep's variants share one)."""
     return hashlib.sha256(json.dumps([(c.get("code"), (c.get("reward_split") or {}).get("score"))
                                       for c in ev["candidates"]]).encode()).hexdigest()
-
-
-def _test(c: dict[str, Any]) -> float | None:
-    r = c.get("test_split")
-    return r["score"] if r and r.get("status") == "valid" else None
-
-
-def _test_boot(c: dict[str, Any]) -> list[float] | None:
-    r = c.get("test_split") or {}
-    return (r.get("grade") or {}).get("score_boot")
 
 
 def _z(diff: float, se: float | None) -> float:

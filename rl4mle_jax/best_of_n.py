@@ -43,15 +43,23 @@ class Candidate:
 
     def score(self, split: str) -> float | None:
         """The grader's score where the reward rules call the run valid (trained, graded)."""
-        rec = self.reward_split if split == "reward" else self.test_split
-        return rec["score"] if rec and rec.get("status") == "valid" else None
+        return valid_score(self.reward_split if split == "reward" else self.test_split)
 
     def boot(self, split: str) -> list[float] | None:
         """The grader's replicates of `score(split)` (`GradeReport.score_boot`), if any."""
-        rec = self.reward_split if split == "reward" else self.test_split
-        if self.score(split) is None:
-            return None
-        return (rec.get("grade") or {}).get("score_boot")
+        return valid_boot(self.reward_split if split == "reward" else self.test_split)
+
+
+def valid_score(rec: dict | None) -> float | None:
+    """A run record's score where the reward rules call the run valid, else None."""
+    return rec["score"] if rec and rec.get("status") == "valid" else None
+
+
+def valid_boot(rec: dict | None) -> list[float] | None:
+    """The grader's replicates of `valid_score(rec)` (`GradeReport.score_boot`), if any."""
+    if valid_score(rec) is None:
+        return None
+    return (rec.get("grade") or {}).get("score_boot")
 
 
 class SharedRuns:
@@ -89,14 +97,6 @@ PICK_K_SE = 2.0  # finalists: within this many paired standard errors of the bes
 PICK_MAX_FINALISTS = 6
 
 
-def _valid_score(rec: dict | None) -> float | None:
-    return rec["score"] if rec and rec.get("status") == "valid" else None
-
-
-def _boot(rec: dict | None) -> list[float] | None:
-    return ((rec or {}).get("grade") or {}).get("score_boot")
-
-
 def finalists(cands: list[dict], direction: str, k_se: float = PICK_K_SE,
               max_finalists: int = PICK_MAX_FINALISTS) -> list[dict]:
     """The candidates (as `Candidate` dicts) a selection looks at again: one per distinct
@@ -107,23 +107,23 @@ def finalists(cands: list[dict], direction: str, k_se: float = PICK_K_SE,
 
     best_of: dict[str, dict] = {}
     for c in cands:
-        s = _valid_score(c.get("reward_split"))
+        s = valid_score(c.get("reward_split"))
         if c.get("code") is None or s is None:
             continue
         old = best_of.get(c["code"])
         if old is None or oriented_score(s, direction) > oriented_score(
-                _valid_score(old["reward_split"]), direction):
+                valid_score(old["reward_split"]), direction):
             best_of[c["code"]] = c
     ranked = sorted(best_of.values(), reverse=True, key=lambda c: oriented_score(
-        _valid_score(c["reward_split"]), direction))
+        valid_score(c["reward_split"]), direction))
     if not ranked:
         return []
     top = ranked[0]
-    top_s = oriented_score(_valid_score(top["reward_split"]), direction)
+    top_s = oriented_score(valid_score(top["reward_split"]), direction)
     out = [top]
     for c in ranked[1:]:
-        gap = top_s - oriented_score(_valid_score(c["reward_split"]), direction)
-        se = paired_se(_boot(top["reward_split"]), _boot(c["reward_split"]))
+        gap = top_s - oriented_score(valid_score(c["reward_split"]), direction)
+        se = paired_se(valid_boot(top["reward_split"]), valid_boot(c["reward_split"]))
         if gap <= 1e-12 or (se is not None and gap <= k_se * se):
             out.append(c)
     return out[:max(1, int(max_finalists))]
@@ -153,8 +153,8 @@ def rule_key(c: dict, direction: str, rule: str, runs: dict[str, dict], folds: l
     """What `rule` ranks a finalist by (larger is better): (valid on every one of `folds`, its
     mean oriented score over the folds, and the reward split too under "cv", then its reward
     split score). runs: {selection split: the finalist's run record there}."""
-    reward = oriented_score(_valid_score(c["reward_split"]), direction)
-    fold = [_valid_score(runs.get(sp)) for sp in folds]
+    reward = oriented_score(valid_score(c["reward_split"]), direction)
+    fold = [valid_score(runs.get(sp)) for sp in folds]
     scores = [oriented_score(s, direction) for s in fold if s is not None]
     if rule == "cv":
         scores.append(reward)
@@ -278,12 +278,11 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
 
 
 def _pick_record(c: dict, rule: str) -> dict[str, Any]:
-    return {"rule": rule, "kind": c["kind"], "reward_score": _valid_score(c["reward_split"]),
-            "test_score": _valid_score(c["test_split"]), "code": c["code"],
+    return {"rule": rule, "kind": c["kind"], "reward_score": valid_score(c["reward_split"]),
+            "test_score": valid_score(c["test_split"]), "code": c["code"],
             # the grader's bootstrap replicates of the test score (study.learning_check
             # pairs them across evaluations for the pick change's standard error)
-            "test_score_boot": _boot(c["test_split"]) if _valid_score(c["test_split"])
-            is not None else None}
+            "test_score_boot": valid_boot(c["test_split"])}
 
 
 def select_pick(result: dict[str, Any], task: Any, sandbox: Any, rule: str = "max",
@@ -308,13 +307,13 @@ def select_pick(result: dict[str, Any], task: Any, sandbox: Any, rule: str = "ma
         run_on_folds([c["code"] for c in fin], task, sandbox, splits, runs, timeout_s,
                      concurrency)
     sel["finalists"], sel["folds"] = len(fin), splits
-    by_code = {c["code"]: runs.get(_code_key(c["code"]), {}) for c in fin}
+    by_code = {c["code"]: runs.get(code_key(c["code"]), {}) for c in fin}
     chosen = pick_candidate(cands, direction, rule, by_code, splits) if len(fin) > 1 else top
     if chosen is None:  # nothing valid: the first candidate stands for the evaluation
         chosen = cands[0]
     result["pick"] = _pick_record(chosen, rule)
     if splits:
-        result["pick"]["select_scores"] = {sp: _valid_score(r) for sp, r in
+        result["pick"]["select_scores"] = {sp: valid_score(r) for sp, r in
                                            by_code.get(chosen["code"], {}).items()}
     result["pick_max"] = _pick_record(top if top is not None else cands[0], "max")
     return result
@@ -326,7 +325,7 @@ def run_on_folds(codes: list[str], task: Any, sandbox: Any, folds: list[str],
     """Runs each program on each selection split it has no record of in `runs` ({program's
     sha256: {split: record}}, filled in place: status, score, the grader's replicates)."""
     todo = [(code, sp) for code in dict.fromkeys(codes) for sp in folds
-            if sp not in runs.get(_code_key(code), {})]
+            if sp not in runs.get(code_key(code), {})]
     if not todo:
         return
 
@@ -337,7 +336,7 @@ def run_on_folds(codes: list[str], task: Any, sandbox: Any, folds: list[str],
             async with sem:
                 run = await arun_and_grade(code, task, sandbox, split=sp, timeout_s=timeout_s)
             rec = run.reward.to_dict()
-            runs.setdefault(_code_key(code), {})[sp] = {
+            runs.setdefault(code_key(code), {})[sp] = {
                 "status": rec["status"], "score": rec.get("score"),
                 "grade": {"score_boot": (rec.get("grade") or {}).get("score_boot")},
                 "duration_s": rec.get("duration_s")}
@@ -349,10 +348,11 @@ def run_on_folds(codes: list[str], task: Any, sandbox: Any, folds: list[str],
 
 def runs_of(result: dict[str, Any], code: str) -> dict[str, dict]:
     """{selection split: record} of `code` in an evaluation's selection runs."""
-    return ((result.get("selection") or {}).get("runs") or {}).get(_code_key(code), {})
+    return ((result.get("selection") or {}).get("runs") or {}).get(code_key(code), {})
 
 
-def _code_key(code: str) -> str:
+def code_key(code: str) -> str:
+    """How `run_on_folds` keys a program's selection runs."""
     return hashlib.sha256(code.encode()).hexdigest()
 
 
