@@ -6,10 +6,11 @@ For every run (`<root>/<variant>/seed<k>/`) and each of its two evaluations (ini
 finalists (`best_of_n.finalists`: distinct programs valid on the reward split within `--k-se`
 paired standard errors of the best, at most `--max-finalists`) run once more on `--folds`
 selection splits (`Task` "select<k>": carves of public train like the reward split, never
-trained on). The script then scores each pick rule by the test split score of its pick, per
-evaluation against the reward-split maximum and per run as the learning check's test change
-(final pick vs initial pick). Runs are cached by (task, split, program) in
-`<root>/_pick_replay/runs.jsonl`, so a re-run resumes. Prints markdown tables.
+trained on, answers disjoint from the reward split's). The script then scores each pick rule
+by the test split score of its pick, per evaluation against the reward-split maximum and per
+run as the learning check's test change (final pick vs initial pick). Runs are cached by
+(task, split, program, carve) in `<root>/_pick_replay/runs.jsonl`, so a re-run resumes.
+Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ from rl4mle_jax.best_of_n import (  # noqa: E402
 )
 from rl4mle_jax.env.execute import default_sandbox  # noqa: E402
 from rl4mle_jax.env.metrics import oriented_score  # noqa: E402
-from rl4mle_jax.env.tasks import load_task, select_splits  # noqa: E402
+from rl4mle_jax.env.tasks import SELECT_CARVE, load_task, select_splits  # noqa: E402
 from rl4mle_jax.run_config import PICK_RULES  # noqa: E402
 
 
 def _key(task_id: str, split: str, code: str) -> str:
-    return hashlib.sha256(f"{task_id}\0{split}\0{code}".encode()).hexdigest()[:24]
+    # the carve: runs on another carve of the selection splits are not reused (carve 1's
+    # cached runs, keyed without it, stay in the file unread)
+    key = f"{task_id}\0{split}\0{code}\0carve{SELECT_CARVE}"
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 class RunCache:

@@ -25,7 +25,7 @@ from rl4mle_jax.env import prompts as prompts_lib
 from rl4mle_jax.env.actions import extract_action
 from rl4mle_jax.env.execute import arun_and_grade
 from rl4mle_jax.env.metrics import oriented_score
-from rl4mle_jax.env.tasks import select_splits
+from rl4mle_jax.env.tasks import SELECT_CARVE, select_splits
 from rl4mle_jax.run_config import PICK_RULES
 
 
@@ -300,8 +300,8 @@ def select_pick(result: dict[str, Any], task: Any, sandbox: Any, rule: str = "ma
         return result
     top = pick_candidate(cands, direction, "max")
     splits = select_splits(folds) if rule != "max" else []
-    sel = result.setdefault("selection", {"runs": {}})
-    runs: dict[str, dict[str, dict]] = sel["runs"]  # {program's sha256: {split: record}}
+    runs = selection_runs(result)  # {program's sha256: {split: record}}
+    sel = result["selection"]
     fin = finalists(cands, direction) if splits else []
     if len(fin) > 1:
         run_on_folds([c["code"] for c in fin], task, sandbox, splits, runs, timeout_s,
@@ -346,9 +346,23 @@ def run_on_folds(codes: list[str], task: Any, sandbox: Any, folds: list[str],
     asyncio.run(go())
 
 
+def selection_runs(result: dict[str, Any]) -> dict[str, dict[str, dict]]:
+    """An evaluation's selection runs ({program's sha256: {split: record}}, to fill in place),
+    emptied first where they were made on another carve of the selection splits
+    (`tasks.SELECT_CARVE`)."""
+    sel = result.setdefault("selection", {"runs": {}})
+    if sel.get("carve") != SELECT_CARVE:
+        sel["runs"], sel["carve"] = {}, SELECT_CARVE
+    return sel.setdefault("runs", {})
+
+
 def runs_of(result: dict[str, Any], code: str) -> dict[str, dict]:
-    """{selection split: record} of `code` in an evaluation's selection runs."""
-    return ((result.get("selection") or {}).get("runs") or {}).get(code_key(code), {})
+    """{selection split: record} of `code` in an evaluation's selection runs (none where they
+    were made on another carve)."""
+    sel = result.get("selection") or {}
+    if sel.get("carve") != SELECT_CARVE:
+        return {}
+    return (sel.get("runs") or {}).get(code_key(code), {})
 
 
 def code_key(code: str) -> str:

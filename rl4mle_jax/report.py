@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from rl4mle_jax import arrival_replay, study
-from rl4mle_jax.best_of_n import rule_key, run_on_folds, runs_of
+from rl4mle_jax.best_of_n import rule_key, run_on_folds, runs_of, selection_runs
 from rl4mle_jax.env.execute import run_and_grade
 from rl4mle_jax.env.metrics import oriented_score
 from rl4mle_jax.env.tasks import select_splits
@@ -44,7 +44,7 @@ def write_best_solution(comps: Any, out_dir: Path, buffer: Any, final: dict[str,
         return None
     if rule != "max" and folds and len({o[1] for o in options}) > 1:
         splits = select_splits(folds)
-        runs = final.setdefault("selection", {"runs": {}}).setdefault("runs", {})
+        runs = selection_runs(final)
         run_on_folds([o[1] for o in options], comps.task, comps.sandbox, splits, runs,
                      comps.episode_cfg.timeout_s)
         origin, code, reward_score = max(options, key=lambda o: rule_key(

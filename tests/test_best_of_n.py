@@ -139,3 +139,18 @@ def test_pick_rules_rank_the_finalists_by_their_selection_split_scores(direction
     assert bon.pick_candidate(cands, direction, "folds", {}, folds)["code"] == "A"
     with pytest.raises(ValueError, match="pick rule"):
         bon.pick_candidate(cands, direction, "median")
+
+
+def test_selection_runs_of_another_carve_are_not_reused():
+    """An evaluation whose selection runs were made on another carve of the selection splits
+    (`tasks.SELECT_CARVE`) is re-picked on fresh runs: its records are dropped, not read."""
+    from rl4mle_jax.env.tasks import SELECT_CARVE
+
+    k = bon.code_key("A")
+    old = {"selection": {"runs": {k: {"select1": _rec(0.9)}}}}  # carve 1: no "carve" field
+    assert bon.runs_of(old, "A") == {}
+    assert bon.selection_runs(old) == {} and old["selection"]["carve"] == SELECT_CARVE
+    old["selection"]["runs"][k] = {"select1": _rec(0.8)}
+    assert bon.runs_of(old, "A") == {"select1": _rec(0.8)}
+    assert bon.selection_runs(old) is old["selection"]["runs"]  # same carve: kept
+    assert bon.selection_runs(fresh := {}) == {} and fresh["selection"]["carve"] == SELECT_CARVE

@@ -26,9 +26,15 @@ from rl4mle_jax.env.metrics import METRICS
 
 SPLITS = ("reward", "test")
 # Selection splits "select1", "select2", ...: more carves of public train like the reward split
-# (the same share held out, seeds reward_seed + k), which the RL loop never trains on; the
-# best-of-N pick cross-checks its finalists there (`best_of_n`, `select_splits`).
+# (the same share held out), whose held-out rows are the next blocks of the reward split's
+# permutation: disjoint from the reward split's answers (and from each other while they fit),
+# so the RL loop never trained on them; the best-of-N pick cross-checks its finalists there
+# (`best_of_n`, `select_splits`, `datasets.splits.split_indices`).
 SELECT_PREFIX = "select"
+# Which carve of the selection splits a recorded selection run was made on: 1 held out with
+# seed reward_seed + k (answers overlapping the reward split's by about its share), 2 the folds
+# above. Records of another carve are not reused.
+SELECT_CARVE = 2
 DEFAULT_TIMEOUT_S = 300.0
 REWARD_FRACTION = 0.2
 REWARD_SEED = 0
@@ -112,8 +118,8 @@ class Task:
             self._reward_root().parent / f"{SELECT_PREFIX}{k}"
 
     def ensure_reward_split(self, split: str = "reward") -> Path:
-        """Create (or verify) the reward view, or a selection split's (held out with seed
-        reward_seed + k); returns its root."""
+        """Create (or verify) the reward view, or selection split k's (fold k of the reward
+        split's permutation: answers disjoint from the reward split's); returns its root."""
         from rl4mle_jax.env.datasets.splits import carve_reward_split
 
         _check_split(split)
@@ -125,7 +131,7 @@ class Task:
                            sample_submission_file=self.sample_submission_file,
                            id_column=self.id_column, target_columns=self.target_columns,
                            label_column=self.label_column, fraction=self.reward_fraction,
-                           seed=self.reward_seed + (select_index(split) or 0),
+                           seed=self.reward_seed, fold=select_index(split) or 0,
                            source_sha256=self.fingerprint()["public_digest"])
         self._ready.add(split)
         return out

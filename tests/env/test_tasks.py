@@ -173,9 +173,36 @@ def test_handmade_task_loads_and_reward_split(tmp_path):
         load_task("no-such-task", data_root=tmp_path / "data")
 
 
+def test_split_folds_are_blocks_of_one_permutation_then_draws_outside_fold_0():
+    """NumPy reference for `split_indices(n, f, seed, fold)`: fold k holds out block k of the
+    seed's permutation while k+1 blocks fit; past that, n_hold rows drawn with seed + k from
+    the rows outside fold 0."""
+    n, f, seed = 23, 0.2, 7
+    perm = np.random.default_rng(seed).permutation(n)
+    folds = [split_indices(n, f, seed, k) for k in range(6)]
+    for k, (keep, hold) in enumerate(folds):
+        assert len(hold) == 5 and sorted([*keep, *hold]) == list(range(n))
+        assert list(keep) == sorted(keep) and list(hold) == sorted(hold)
+        if k < 4:  # 4 blocks of 5 fit in 23 rows
+            assert set(hold) == set(perm[5 * k:5 * (k + 1)])
+        else:
+            rest = perm[5:]
+            draw = rest[np.random.default_rng(seed + k).permutation(len(rest))[:5]]
+            assert set(hold) == set(draw)
+        assert not set(hold) & set(folds[0][1]) or k == 0
+    assert len(set().union(*(set(h) for _, h in folds[:4]))) == 20  # pairwise disjoint
+    np.testing.assert_array_equal(split_indices(n, f, seed)[1], folds[0][1])
+    with pytest.raises(ValueError, match="fold"):
+        split_indices(n, f, seed, -1)
+    with pytest.raises(ValueError, match="outside fold 0"):
+        split_indices(10, 0.6, seed, 1)
+
+
 def test_selection_splits_are_more_carves_beside_the_reward_view(tmp_path):
-    """"select<k>": public train carved like the reward split (same share held out, seed
-    reward_seed + k), beside the reward view (out of the user's directory), graded like it."""
+    """"select<k>": public train carved like the reward split (same share held out), its
+    answers the k-th next block of the reward split's permutation (disjoint from the reward
+    split's and each other's), beside the reward view (out of the user's directory), graded
+    like it."""
     root = _handmade(tmp_path / "hand")
     n = 40
     pd.DataFrame({"id": range(1, n + 1), "x": np.arange(n) / 2, "y": np.arange(n) % 2}).to_csv(
@@ -197,10 +224,15 @@ def test_selection_splits_are_more_carves_beside_the_reward_view(tmp_path):
         assert len(ans) + len(pub) == len(train)
         assert not set(ans[task.id_column]) & set(pub[task.id_column])
         held[sp] = set(ans[task.id_column])
-        keep, hold = split_indices(len(train), task.reward_fraction,
-                                   task.reward_seed + (select_index(sp) or 0))
+        keep, hold = split_indices(len(train), task.reward_fraction, task.reward_seed,
+                                   select_index(sp) or 0)
         assert held[sp] == set(train[task.id_column].iloc[hold])
-    assert len({frozenset(v) for v in held.values()}) == 3  # three different carves
+    # NumPy reference: blocks 0, 1, 2 of the reward seed's permutation, so the answers are
+    # pairwise disjoint (the reward split is the one it always was)
+    perm = np.random.default_rng(task.reward_seed).permutation(n)
+    for k, sp in enumerate(("reward", "select1", "select2")):
+        assert held[sp] == set(train[task.id_column].iloc[perm[8 * k:8 * (k + 1)]])
+    assert not held["reward"] & held["select1"] and not held["select1"] & held["select2"]
     assert task.input_dir("select1").parent.parent == task.input_dir("reward").parent.parent
     assert not (root / "reward").exists() and not (root / "select1").exists()
     # graded against its own answers

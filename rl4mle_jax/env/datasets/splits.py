@@ -75,13 +75,28 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
     df.to_csv(path, index=False, lineterminator="\n")
 
 
-def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(kept, held_out) row positions, each in increasing order; held-out is round(n*fraction)."""
+def split_indices(n: int, fraction: float, seed: int,
+                  fold: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, held_out) row positions, each in increasing order; held-out is round(n*fraction).
+
+    Fold 0 holds out the first block of a permutation drawn with `seed`; fold k >= 1 the k-th
+    next block of the same permutation, so the held-out rows of folds 0, 1, ... are disjoint
+    while they fit ((k+1) blocks <= n rows). A fold past that holds out rows drawn with
+    seed + k from outside fold 0's: still disjoint from fold 0, not from the other folds."""
     n_hold = int(round(n * fraction))
     if not 0 < n_hold < n:
         raise ValueError(f"cannot hold out {fraction:.0%} of {n} rows")
+    if fold < 0:
+        raise ValueError(f"fold must be >= 0, got {fold}")
     perm = np.random.default_rng(seed).permutation(n)
-    return np.sort(perm[n_hold:]), np.sort(perm[:n_hold])
+    if (fold + 1) * n_hold <= n:
+        hold = perm[fold * n_hold:(fold + 1) * n_hold]
+    else:
+        if n - n_hold < n_hold:
+            raise ValueError(f"cannot hold out {fraction:.0%} of {n} rows outside fold 0")
+        rest = perm[n_hold:]
+        hold = rest[np.random.default_rng(seed + fold).permutation(len(rest))[:n_hold]]
+    return np.setdiff1d(np.arange(n), hold), np.sort(hold)
 
 
 def one_hot(labels: pd.Series, classes: list[str], what: str) -> pd.DataFrame:
@@ -155,9 +170,13 @@ def _columns_of(path: Path | None) -> list[str] | None:
 def carve_reward_split(*, public_dir: Path, out_dir: Path, train_file: str, test_file: str,
                        sample_submission_file: str | None, id_column: str,
                        target_columns: list[str], label_column: str | None = None,
-                       fraction: float = 0.2, seed: int = 0,
+                       fraction: float = 0.2, seed: int = 0, fold: int = 0,
                        source_sha256: str | None = None) -> dict:
     """Write ``out_dir/public`` and ``out_dir/private/answers.csv``; returns the manifest.
+
+    `fold` (see `split_indices`): 0 is the reward split; k >= 1 a selection split whose
+    held-out rows are disjoint from the reward split's (and from the other folds' while they
+    fit), so a program picked for its reward-split score meets fresh answers there.
 
     Idempotent: if ``out_dir/manifest.json`` records the same source train checksum and
     parameters (and `source_sha256`, the digest of every public file the view copies) and all
@@ -168,6 +187,8 @@ def carve_reward_split(*, public_dir: Path, out_dir: Path, train_file: str, test
     params = dict(version=REWARD_SPLIT_VERSION, train_sha256=sha256_file(train_path),
                   fraction=fraction, seed=seed, id_column=id_column,
                   target_columns=list(target_columns), label_column=label_column)
+    if fold:
+        params["fold"] = fold
     if source_sha256 is not None:
         params["source_sha256"] = source_sha256
     manifest_path = out_dir / "manifest.json"
@@ -180,7 +201,7 @@ def carve_reward_split(*, public_dir: Path, out_dir: Path, train_file: str, test
     if id_column not in train.columns:
         raise ValueError(f"{train_path}: id column {id_column!r} not found "
                          f"(columns {list(train.columns)[:10]})")
-    keep, hold = split_indices(len(train), fraction, seed)
+    keep, hold = split_indices(len(train), fraction, seed, fold)
     rest, held = train.take(keep), train.take(hold)
 
     test_path = public_dir / test_file
