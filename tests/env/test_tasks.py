@@ -176,7 +176,7 @@ def test_handmade_task_loads_and_reward_split(tmp_path):
 def test_split_folds_are_blocks_of_one_permutation_then_draws_outside_fold_0():
     """NumPy reference for `split_indices(n, f, seed, fold)`: fold k holds out block k of the
     seed's permutation while k+1 blocks fit; past that, n_hold rows drawn with seed + k from
-    the rows outside fold 0."""
+    the rows outside fold 0 (all of them where fewer remain)."""
     n, f, seed = 23, 0.2, 7
     perm = np.random.default_rng(seed).permutation(n)
     folds = [split_indices(n, f, seed, k) for k in range(6)]
@@ -194,8 +194,11 @@ def test_split_folds_are_blocks_of_one_permutation_then_draws_outside_fold_0():
     np.testing.assert_array_equal(split_indices(n, f, seed)[1], folds[0][1])
     with pytest.raises(ValueError, match="fold"):
         split_indices(n, f, seed, -1)
-    with pytest.raises(ValueError, match="outside fold 0"):
-        split_indices(10, 0.6, seed, 1)
+    keep0, hold0 = split_indices(10, 0.6, seed)
+    for k in (1, 2):  # 6 of 10 held out by fold 0: the other 4 are every later fold's answers
+        keep, hold = split_indices(10, 0.6, seed, k)
+        np.testing.assert_array_equal(hold, keep0)
+        np.testing.assert_array_equal(keep, hold0)
 
 
 def test_selection_splits_are_more_carves_beside_the_reward_view(tmp_path):

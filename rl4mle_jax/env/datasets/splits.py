@@ -82,7 +82,8 @@ def split_indices(n: int, fraction: float, seed: int,
     Fold 0 holds out the first block of a permutation drawn with `seed`; fold k >= 1 the k-th
     next block of the same permutation, so the held-out rows of folds 0, 1, ... are disjoint
     while they fit ((k+1) blocks <= n rows). A fold past that holds out rows drawn with
-    seed + k from outside fold 0's: still disjoint from fold 0, not from the other folds."""
+    seed + k from outside fold 0's (all of them where fewer than a block remain, i.e. a share
+    over one half): still disjoint from fold 0, not from the other folds."""
     n_hold = int(round(n * fraction))
     if not 0 < n_hold < n:
         raise ValueError(f"cannot hold out {fraction:.0%} of {n} rows")
@@ -92,8 +93,6 @@ def split_indices(n: int, fraction: float, seed: int,
     if (fold + 1) * n_hold <= n:
         hold = perm[fold * n_hold:(fold + 1) * n_hold]
     else:
-        if n - n_hold < n_hold:
-            raise ValueError(f"cannot hold out {fraction:.0%} of {n} rows outside fold 0")
         rest = perm[n_hold:]
         hold = rest[np.random.default_rng(seed + fold).permutation(len(rest))[:n_hold]]
     return np.setdiff1d(np.arange(n), hold), np.sort(hold)
