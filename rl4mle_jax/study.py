@@ -77,8 +77,9 @@ def load_study(root: str | Path) -> dict[str, list[Run]]:
         return {"run": [load_run(root)]}
     out: dict[str, list[Run]] = {}
     for vdir in sorted(p for p in root.iterdir() if p.is_dir()):
-        runs = [load_run(s, vdir.name, int(s.name[4:]))
-                for s in sorted(vdir.glob("seed*")) if s.name[4:].isdigit()]
+        dirs = sorted((s for s in vdir.glob("seed*") if s.name[4:].isdigit()),
+                      key=lambda s: int(s.name[4:]))  # seed8, seed9, seed10: by number
+        runs = [load_run(s, vdir.name, int(s.name[4:])) for s in dirs]
         if runs:
             out[vdir.name] = runs
     return out

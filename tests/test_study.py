@@ -48,6 +48,13 @@ def test_band_is_the_mean_and_std_of_step_functions_on_a_common_grid(study_dir):
     np.testing.assert_allclose(std, ref.std(0))
 
 
+def test_runs_are_in_seed_order_by_number(tmp_path):
+    for k in (10, 8, 9):
+        _write_run(tmp_path / "default" / f"seed{k}", [-1.0], [60.0])
+    (tmp_path / "default" / "seedx").mkdir()
+    assert [r.seed for r in st.load_study(tmp_path)["default"]] == [8, 9, 10]
+
+
 def test_trained_dt_and_first_valid_and_table(study_dir):
     run = st.load_study(study_dir)["full"][0]
     assert len(run.episodes) == 4  # the cut last line is skipped
