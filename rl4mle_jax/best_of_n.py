@@ -20,6 +20,7 @@ import json
 from typing import Any
 
 import jax
+import numpy as np
 
 from rl4mle_jax.env import prompts as prompts_lib
 from rl4mle_jax.env.actions import extract_action
@@ -344,6 +345,28 @@ def run_on_folds(codes: list[str], task: Any, sandbox: Any, folds: list[str],
         await asyncio.gather(*(one(*t) for t in todo))
 
     asyncio.run(go())
+
+
+def beats_on_folds(challenger: dict[str, dict], incumbent: dict[str, dict], folds: list[str],
+                   direction: str, k_se: float = PICK_K_SE) -> bool:
+    """Whether a program beats another on the selection splits `folds` (each's runs there,
+    {split: record}): valid on every fold, and where the other is too, its mean oriented score
+    over the folds is better by more than `k_se` paired standard errors of the difference (the
+    grader's shared resamples per fold; without replicates, by any margin). Where the other
+    fails on a fold it is beaten."""
+    from rl4mle_jax.study import mean_se, paired_se
+
+    ch = [valid_score(challenger.get(sp)) for sp in folds]
+    inc = [valid_score(incumbent.get(sp)) for sp in folds]
+    if not folds or any(x is None for x in ch):
+        return False
+    if any(x is None for x in inc):
+        return True
+    gap = float(np.mean([oriented_score(a, direction) - oriented_score(b, direction)
+                         for a, b in zip(ch, inc)]))
+    se = mean_se([paired_se(valid_boot(incumbent[sp]), valid_boot(challenger[sp]))
+                  for sp in folds])
+    return gap > (k_se * se if se is not None else 0.0)
 
 
 def selection_runs(result: dict[str, Any]) -> dict[str, dict[str, dict]]:

@@ -154,3 +154,37 @@ def test_selection_runs_of_another_carve_are_not_reused():
     assert bon.runs_of(old, "A") == {"select1": _rec(0.8)}
     assert bon.selection_runs(old) is old["selection"]["runs"]  # same carve: kept
     assert bon.selection_runs(fresh := {}) == {} and fresh["selection"]["carve"] == SELECT_CARVE
+
+
+@pytest.mark.parametrize("direction", ["higher", "lower"])
+def test_beats_on_folds_needs_k_paired_standard_errors(direction):
+    """NumPy reference: the mean oriented gap over the folds against k times the root of the
+    summed paired variances over the fold count."""
+    rng = np.random.default_rng(0)
+    s = 1 if direction == "higher" else -1
+    folds = ["select1", "select2"]
+    base = {sp: rng.normal(0.8, 0.01, 50) for sp in folds}
+    inc = {sp: _rec(0.8, list(base[sp])) for sp in folds}
+
+    def challenger(shift):
+        return {sp: _rec(0.8 + s * shift, list(base[sp] + s * shift + rng.normal(0, .005, 50)))
+                for sp in folds}
+
+    for shift in (0.0, 0.003, 0.02):
+        ch = challenger(shift)
+        gap = np.mean([s * (ch[sp]["score"] - 0.8) for sp in folds])
+        se = np.sqrt(sum(np.var(np.asarray(ch[sp]["grade"]["score_boot"]) - base[sp], ddof=1)
+                         for sp in folds)) / 2
+        for k in (0.0, 1.0, 2.0):
+            assert bon.beats_on_folds(ch, inc, folds, direction, k) == (gap > k * se)
+    assert bon.beats_on_folds(challenger(0.02), inc, folds, direction)  # ~0.0035 per s.e.
+    assert not bon.beats_on_folds(challenger(0.003), inc, folds, direction)
+    # validity first: a challenger failing a fold never wins; an incumbent failing one loses
+    bad = {**challenger(0.02), "select2": _rec(None, None, "failure")}
+    assert not bon.beats_on_folds(bad, inc, folds, direction)
+    assert bon.beats_on_folds(inc, bad, folds, direction)
+    assert not bon.beats_on_folds(inc, inc, [], direction)
+    # without replicates any margin wins
+    bare = {sp: _rec(0.8) for sp in folds}
+    assert bon.beats_on_folds({sp: _rec(0.8 + s * 1e-6) for sp in folds}, bare, folds, direction)
+    assert not bon.beats_on_folds(bare, bare, folds, direction)

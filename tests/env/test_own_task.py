@@ -492,7 +492,8 @@ def test_cv_pick_runs_the_finalists_on_selection_splits_once(own_tasks):
 
 def test_best_solution_ranks_the_rl_episode_as_the_pick_rule_does(own_tasks, tmp_path):
     """write_best_solution: under "max" the RL episode with the better reward-split score wins;
-    under "cv" both run on the pick's selection splits and the better mean there wins."""
+    under "cv" both run on the pick's selection splits and the RL episode replaces the pick
+    only where it is better there by more than 2 paired standard errors."""
     from types import SimpleNamespace
 
     from rl4mle_jax.best_of_n import runs_of
@@ -522,3 +523,13 @@ def test_best_solution_ranks_the_rl_episode_as_the_pick_rule_does(own_tasks, tmp
         assert sorted(runs_of(ev, code)) == ["select1", "select2"]
     assert info["select_scores"] == {sp: r["score"] for sp, r in runs_of(ev, good).items()}
     assert json.loads((tmp_path / "cv" / "result.json").read_text())["rule"] == "cv"
+    # the RL episode far better on the selection splits: taken
+    rl_good = SimpleNamespace(best=lambda: {"code": good, "record": {"score": score}})
+    ev = {"direction": "lower", "pick": {"code": bad, "reward_score": score + 1.0}}
+    assert write_best_solution(comps, tmp_path / "cv2", rl_good, ev, "cv", 2)[
+        "origin"] == "rl_episode"
+    # the same program in another text: a tie there, the pick stays
+    twin = SimpleNamespace(best=lambda: {"code": good + "# the same model\n",
+                                         "record": {"score": score - 1e4}})
+    assert write_best_solution(comps, tmp_path / "cv3", twin, final(), "cv", 2)[
+        "origin"] == "final_best_of_n"
