@@ -374,16 +374,21 @@ def selection_runs(result: dict[str, Any]) -> dict[str, dict[str, dict]]:
     emptied first where they were made on another carve of the selection splits
     (`tasks.SELECT_CARVE`)."""
     sel = result.setdefault("selection", {"runs": {}})
-    if sel.get("carve") != SELECT_CARVE:
+    if not _this_carve(sel):
         sel["runs"], sel["carve"] = {}, SELECT_CARVE
     return sel.setdefault("runs", {})
+
+
+def _this_carve(sel: dict[str, Any]) -> bool:
+    """Whether an evaluation's `selection` record was made on the current carve."""
+    return sel.get("carve") == SELECT_CARVE
 
 
 def runs_of(result: dict[str, Any], code: str) -> dict[str, dict]:
     """{selection split: record} of `code` in an evaluation's selection runs (none where they
     were made on another carve)."""
     sel = result.get("selection") or {}
-    if sel.get("carve") != SELECT_CARVE:
+    if not _this_carve(sel):
         return {}
     return (sel.get("runs") or {}).get(code_key(code), {})
 
