@@ -74,16 +74,19 @@ def main(argv):
     unknown = sorted(set(names) - set(sweep.variants))
     if unknown:
         raise app.UsageError(f"unknown variants {unknown}; the config has {list(sweep.variants)}")
-    for variant in names:
-        overrides = sweep.variants[variant]
-        for seed in variant_seeds.get(variant, sweep.seeds):
-            workdir = root / variant / f"seed{seed}"
-            if _ONLY_TABLES.value or (workdir / "eval_final.json").exists():
-                continue
-            cfg = copy.deepcopy(sweep.base)
-            cfg.update_from_flattened_dict(dict(overrides))
-            cfg.seed = int(seed)
-            train(cfg, workdir, shared_evals=root / "_initial_evals")
+    # Seed by seed, every variant of a seed in turn: variants are compared on runs made close
+    # together in time, so a drift in the machine's speed hits them alike.
+    runs = [(variant, seed) for variant in names
+            for seed in variant_seeds.get(variant, sweep.seeds)]
+    seed_order = list(dict.fromkeys(seed for _, seed in runs))
+    for variant, seed in sorted(runs, key=lambda r: seed_order.index(r[1])):
+        workdir = root / variant / f"seed{seed}"
+        if _ONLY_TABLES.value or (workdir / "eval_final.json").exists():
+            continue
+        cfg = copy.deepcopy(sweep.base)
+        cfg.update_from_flattened_dict(dict(sweep.variants[variant]))
+        cfg.seed = int(seed)
+        train(cfg, workdir, shared_evals=root / "_initial_evals")
     root.mkdir(parents=True, exist_ok=True)
     print(write_results(root, command, sweep.base.run.time_budget_s))
 

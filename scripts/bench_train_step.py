@@ -19,6 +19,9 @@ turn, --steps rounds, median):
                    the default)
     shared         the same with critic="shared" (value head on the policy trunk)
     none-grpo      critic="none", advantage_estimator="grpo" (rloo costs the same step)
+    one-block      configs/task.py's learner, attention as one [T, T] block per layer
+    default        configs/task.py's learner as it is (causal chunks of 128 query rows;
+                   --modes one-block,default prints the chunks' ratio)
 It prints time per step and per episode, each mode's ratio to "before", and the learner steps
 that fit in 300 s if the learner had the device lane to itself.
 
@@ -139,6 +142,10 @@ REAL_MODES = {  # name -> (length_bucket, separate old-values pass, learner over
     "shared": (64, False, dict(critic="shared"), False),
     "none-grpo": (64, False, dict(critic="none", advantage_estimator="grpo", group_size=4),
                   False),
+    # configs/task.py's learner as it is (critic-free, leave-one-out) with its attention in
+    # one [T, T] block per layer, and with the default's causal chunks of 128 query rows.
+    "one-block": (64, False, dict(attention_chunk=0), False),
+    "default": (64, False, {}, False),
 }
 
 

@@ -57,11 +57,13 @@ def _trunk_config(config: models.Qwen2Config) -> models.Qwen2Config:
 
 
 def critic_values(config: models.Qwen2Config, critic_params: Params, tokens_bt: jax.Array,
-                  attention_mask_bt: jax.Array, *, remat: bool = False) -> jax.Array:
+                  attention_mask_bt: jax.Array, *, remat: bool = False,
+                  attention_chunk: int | None = None) -> jax.Array:
     """Values [B, T] float32 of the separate-trunk critic."""
     _, _, hidden_bth = models.forward_with_hidden(
         _trunk_config(config), critic_params["trunk"], tokens_bt,
-        models.positions_from_mask(attention_mask_bt), attention_mask_bt, remat=remat)
+        models.positions_from_mask(attention_mask_bt), attention_mask_bt, remat=remat,
+        attention_chunk=attention_chunk)
     return value_head_apply(critic_params["value_head"], hidden_bth)
 
 
@@ -75,20 +77,22 @@ def value_head_apply(head: Params, hidden_bth: jax.Array) -> jax.Array:
 def logits_and_shared_values(config: models.Qwen2Config, policy_params: Params,
                              value_head: Params, tokens_bt: jax.Array,
                              attention_mask_bt: jax.Array, *, remat: bool = False,
-                             logits_from: int = 0) -> tuple[jax.Array, jax.Array]:
+                             logits_from: int = 0, attention_chunk: int | None = None
+                             ) -> tuple[jax.Array, jax.Array]:
     """(logits [B, T - logits_from, V], values [B, T]) from one policy forward (shared
     trunk)."""
     logits_btv, _, hidden_bth = models.forward_with_hidden(
         config, policy_params, tokens_bt, models.positions_from_mask(attention_mask_bt),
-        attention_mask_bt, remat=remat, logits_from=logits_from)
+        attention_mask_bt, remat=remat, logits_from=logits_from, attention_chunk=attention_chunk)
     return logits_btv.astype(jnp.float32), value_head_apply(value_head, hidden_bth)
 
 
 def policy_logits(config: models.Qwen2Config, policy_params: Params, tokens_bt: jax.Array,
                   attention_mask_bt: jax.Array, *, remat: bool = False,
-                  logits_from: int = 0) -> jax.Array:
+                  logits_from: int = 0, attention_chunk: int | None = None) -> jax.Array:
     """Logits [B, T - logits_from, V] float32 of the policy (left padding)."""
     logits_btv, _ = models.forward(config, policy_params, tokens_bt,
                                    models.positions_from_mask(attention_mask_bt),
-                                   attention_mask_bt, remat=remat, logits_from=logits_from)
+                                   attention_mask_bt, remat=remat, logits_from=logits_from,
+                                   attention_chunk=attention_chunk)
     return logits_btv.astype(jnp.float32)

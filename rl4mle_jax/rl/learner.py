@@ -243,16 +243,16 @@ class Learner:
                        ) -> tuple[jax.Array, jax.Array | None]:
         """(logits / temperature [B, T - logits_from, V], values aligned like log-probs [B, T]
         or None)."""
-        mc, mode, remat = self.model_config, self.config.critic, self.config.remat
+        mc, mode = self.model_config, self.config.critic
+        kw = {"remat": self.config.remat, "attention_chunk": self.config.attention_chunk}
         if mode == "shared":
             logits, values = critic_lib.logits_and_shared_values(
-                mc, policy, critic["value_head"], tokens_bt, attention_mask_bt, remat=remat,
-                logits_from=logits_from)
+                mc, policy, critic["value_head"], tokens_bt, attention_mask_bt,
+                logits_from=logits_from, **kw)
         else:
             logits = critic_lib.policy_logits(mc, policy, tokens_bt, attention_mask_bt,
-                                              remat=remat, logits_from=logits_from)
-            values = (critic_lib.critic_values(mc, critic, tokens_bt, attention_mask_bt,
-                                               remat=remat)
+                                              logits_from=logits_from, **kw)
+            values = (critic_lib.critic_values(mc, critic, tokens_bt, attention_mask_bt, **kw)
                       if mode == "separate" else None)
         values = None if values is None else shift_right(values)
         return logits / self.config.temperature, values
@@ -283,7 +283,8 @@ class Learner:
     def _logprobs_impl(self, params: Any, tokens_bt: jax.Array,
                        attention_mask_bt: jax.Array) -> jax.Array:
         def fn(tokens, mask):
-            logits = critic_lib.policy_logits(self.model_config, params, tokens, mask)
+            logits = critic_lib.policy_logits(self.model_config, params, tokens, mask,
+                                              attention_chunk=self.config.attention_chunk)
             return token_logprobs_and_entropy(logits / self.config.temperature, tokens,
                                               **self._truncation)[0]
         return self._chunked(fn, tokens_bt, attention_mask_bt)

@@ -106,6 +106,10 @@ class LearnerConfig:
     top_p: float = 1.0
     min_p: float = 0.0
     remat: bool = False  # rematerialise decoder layers in the backward pass (saves memory)
+    # Query rows per chunk of the causal attention (models.qwen2.attention_chunk_size; the same
+    # result up to float rounding, the masked upper triangle mostly skipped): 128 made the
+    # default run's train step ~2x faster on CPU. 0: one [T, T] block per layer.
+    attention_chunk: int = 128
 
     def __post_init__(self):
         def check(name: str, allowed: tuple[str, ...]):
@@ -143,6 +147,9 @@ class LearnerConfig:
         if self.group_size < 0:
             raise ValueError(f"LearnerConfig.group_size must be >= 0 (0: the whole batch), got "
                              f"{self.group_size}")
+        if self.attention_chunk < 0:
+            raise ValueError(f"LearnerConfig.attention_chunk must be >= 0 (0: one [T, T] block), "
+                             f"got {self.attention_chunk}")
         if self.micro_batch_size < 0:
             raise ValueError(f"LearnerConfig.micro_batch_size must be >= 0, got "
                              f"{self.micro_batch_size}")

@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 from tests.models.hf_utils import hf_logits, make_hf_model  # noqa: E402
 
 jit_logits = jax.jit(logits, static_argnums=0)
-jit_forward = jax.jit(forward, static_argnums=0)
+jit_forward = jax.jit(forward, static_argnums=0, static_argnames="attention_chunk")
 
 
 def random_params(cfg, seed=0, scale=0.1):
@@ -187,6 +187,10 @@ def test_logits_match_transformers_left_padded(tmp_path, heads, kv_heads, tied, 
     ref = hf_logits(model, tokens, mask)
     real = mask.astype(bool)
     assert np.abs(ours - ref)[real].max() <= 1e-4
+    # Causal attention in chunks of 2 query rows (5 chunks of 9), as the learner runs it.
+    chunked = jit_forward(cfg, params, jnp.asarray(tokens), positions_from_mask(mask), mask,
+                          attention_chunk=2)[0]
+    assert np.abs(np.asarray(chunked) - ref)[real].max() <= 1e-4
     assert np.isfinite(ours).all()  # pad queries see no real key: uniform softmax, not NaN
     assert np.abs(ref[real]).max() > 1.0  # the logits are not trivially tiny
     # No mask: same as an all-ones mask.
@@ -247,6 +251,71 @@ def test_cache_prefill_then_decode_matches_full_forward():
     np.testing.assert_array_equal(np.asarray(cache.mask)[:, :bucket + n_new], mask)
     assert not np.asarray(cache.mask)[:, bucket + n_new:].any()
     assert len(cache.k) == cfg.num_hidden_layers and cache.k[0].shape == (3, 20, 2, 32)
+
+
+def test_prefill_at_a_static_slot_in_chunks_matches_one_block():
+    """A prefill with a Python-int cache_index (the sampler's) attends in causal chunks: the
+    same logits and cache as one block, at slot 0 and behind earlier slots."""
+    cfg = get_preset("tiny", vocab_size=128, num_hidden_layers=2, rope_theta=1e4)
+    params = random_params(cfg, seed=1, scale=0.15)
+    prompt, prompt_mask = left_padded_batch(cfg.vocab_size, [11, 4, 13], 13, seed=2)
+    more = np.random.RandomState(3).randint(0, cfg.vocab_size, (3, 7)).astype(np.int32)
+    positions = positions_from_mask(jnp.asarray(prompt_mask))
+    out = {}
+    for chunk in (0, 3):
+        cache = init_cache(cfg, batch=3, max_len=24)
+        a, cache = forward(cfg, params, prompt, positions, prompt_mask, cache, 0,
+                           attention_chunk=chunk)
+        b, cache = forward(cfg, params, more, positions[:, -1:] + 1 + np.arange(7),
+                           np.ones_like(more), cache, 13, attention_chunk=chunk)
+        out[chunk] = (np.asarray(a), np.asarray(b), cache)
+    real = prompt_mask.astype(bool)
+    assert np.abs(out[0][0] - out[3][0])[real].max() <= 1e-5
+    assert np.abs(out[0][1] - out[3][1]).max() <= 1e-5
+    # The cache agrees at the real slots (a pad slot holds what its pad row computed; masked,
+    # nothing reads it).
+    cache0, cache3 = out[0][2], out[3][2]
+    np.testing.assert_array_equal(cache0.mask, cache3.mask)
+    slots = np.asarray(cache0.mask).astype(bool)
+    for x, y in zip(cache0.k + cache0.v, cache3.k + cache3.v):
+        np.testing.assert_allclose(np.asarray(x)[slots], np.asarray(y)[slots], atol=1e-5)
+
+
+def test_attention_chunks_give_same_values_and_gradients():
+    """Chunked causal attention (the learner's default) against one [T, T] block: values and
+    gradients of a masked loss on a left-padded batch with an all-padding row."""
+    cfg = get_preset("tiny", vocab_size=64, num_hidden_layers=2, hidden_size=32,
+                     intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=8)
+    params = random_params(cfg, scale=0.2)
+    tokens, mask = left_padded_batch(64, [21, 9, 0, 17], 21)
+    positions = positions_from_mask(jnp.asarray(mask))
+
+    def loss(p, chunk):
+        out = forward(cfg, p, tokens, positions, mask, attention_chunk=chunk)[0]
+        nll = jax.nn.logsumexp(out, -1) - out[..., 0]
+        return jnp.sum(nll * mask) / jnp.sum(mask)
+
+    grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    v0, g0 = grad(params, 0)
+    for chunk in (1, 4, 20):
+        v, g = grad(params, chunk)
+        np.testing.assert_allclose(v, v0, rtol=1e-5)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g, g0)
+    assert float(jnp.abs(g0["layers_0"]["self_attn"]["k_proj"]["kernel"]).max()) > 0
+
+
+def test_attention_chunk_size():
+    from rl4mle_jax.models.qwen2 import ATTENTION_MAX_CHUNKS, attention_chunk_size
+
+    assert attention_chunk_size(1024) == 128  # the default: 8 chunks
+    assert attention_chunk_size(100) == 100  # shorter than a chunk: one block
+    assert attention_chunk_size(1024, 0) == 1024  # 0: one block
+    assert attention_chunk_size(1000, 64) == 64
+    # Long sequences: at most ATTENTION_MAX_CHUNKS chunks, the last one possibly shorter.
+    for t in (4096, 5000, 32768):
+        c = attention_chunk_size(t)
+        assert -(-t // c) <= ATTENTION_MAX_CHUNKS and c >= 128
 
 
 def test_cache_jit_donation_and_traced_index():
