@@ -5,8 +5,9 @@ steps per 300 s and what they learn (issue 11, point 1).
 The chunks give the same values up to float rounding (tests/models/test_qwen2.py) and made the
 train step alone ~2x faster (scripts/bench_train_step.py --real --modes one-block,default);
 this measures what that buys in the loop, where the step shares 2 cores with the sandboxed
-programs and the lane with sampling. Both variants run seed by seed in one process, on the same
-warm start and initial draws as configs/learning_check.py's titanic-survival seeds 5-7.
+programs and the lane with sampling. Only the learner's attention differs: the sampler's prefill
+attends in chunks in both variants. Both run seed by seed in one process, on the same warm start
+and initial draws as configs/learning_check.py's titanic-survival seeds 5-7.
 
 Launch (resumes; ~8.5 min per run on 2 cores):
   python scripts/make_task_dir.py titanic-survival /work/tasks/titanic-survival

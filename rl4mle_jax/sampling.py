@@ -141,7 +141,10 @@ class Sampler:
         new_token_buckets: Sequence[int] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
         cache_dtype: str | None = None,
         cache_phase_tokens: int = 128,
+        attention_chunk: int | None = None,
     ):
+        """attention_chunk: the prefill's causal attention chunk (`models.forward`; None:
+        models.qwen2.ATTENTION_CHUNK, 0: one block); decode steps attend in one block."""
         if not stop_token_ids:
             raise ValueError("stop_token_ids is empty; give at least one (e.g. the eos id)")
         for name, b in (("prompt_buckets", prompt_buckets), ("batch_buckets", batch_buckets),
@@ -160,6 +163,7 @@ class Sampler:
             raise ValueError(f"cache_phase_tokens must be >= 0 (0: one phase), got "
                              f"{cache_phase_tokens}")
         self.cache_phase_tokens = int(cache_phase_tokens)
+        self.attention_chunk = attention_chunk
         self.num_traces = 0  # incremented each time the decode program is traced (= compiled)
         self._generate_jit = jax.jit(
             self._generate_impl,
@@ -181,7 +185,8 @@ class Sampler:
             # [B, P, V] output layer. The last column (always a real token under left padding)
             # is fed by the first decode step, which yields the first logits.
             _, cache = forward(cfg, params, tokens_bp[:, :-1], positions_bp[:, :-1],
-                               mask_bp[:, :-1], cache=cache, cache_index=0)
+                               mask_bp[:, :-1], cache=cache, cache_index=0,
+                               attention_chunk=self.attention_chunk)
         prompt_len_b = jnp.sum(mask_bp, axis=-1).astype(jnp.int32)
 
         def sample_step(logits_bv, key):

@@ -301,6 +301,18 @@ def test_cache_phases():
         Sampler(get_preset("tiny"), [1], PAD, cache_phase_tokens=-1)
 
 
+def test_prefill_in_attention_chunks_equals_one_block(both):
+    """The prefill's causal attention in chunks of 3 query rows (of a 16-token prompt bucket)
+    gives the tokens and log-probs of one block."""
+    _, config, params, _ = both
+    kw = dict(prompt_buckets=(16,), batch_buckets=(4,), new_token_buckets=(32,))
+    key = jax.random.key(7)
+    a, b = (Sampler(config, [NO_STOP], PAD, attention_chunk=c, **kw).generate(
+        params, PROMPTS, key, max_new_tokens=20, temperature=1.0) for c in (0, 3))
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.3])
 def test_growing_cache_equals_one_cache(both, temperature):
     """Phases of 3, 6, 12, 24, 32 new tokens give the tokens of one cache of 16 + 32 slots
