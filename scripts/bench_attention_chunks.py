@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import jax
 import numpy as np
+from bench_cache_phases import time_interleaved  # scripts/ is on the path: run as a script
 
 from rl4mle_jax.models import get_preset, init_params
 from rl4mle_jax.sampling import Sampler
@@ -52,13 +52,7 @@ def main() -> None:
             for s in samplers.values():  # compile
                 s.generate(params, prompts, key, max_new_tokens=2, greedy=True)
             for new in (int(x) for x in args.new.split(",")):
-                times = {c: [] for c in samplers}
-                out = {}
-                for _ in range(args.rounds):
-                    for c, s in samplers.items():
-                        t = time.perf_counter()
-                        out[c] = s.generate(params, prompts, key, max_new_tokens=new, greedy=True)
-                        times[c].append(time.perf_counter() - t)
+                times, out = time_interleaved(samplers, params, prompts, key, new, args.rounds)
                 one, ch = (statistics.median(times[c]) for c in samplers)
                 same = bool(np.array_equal(out[0].tokens, out[args.chunk].tokens))
                 print(f"{length:>6} {b:>5} {new:>4} {one:>11.3f} {ch:>9.3f} {one / ch:>5.2f}x "

@@ -25,6 +25,20 @@ from rl4mle_jax.models import get_preset, init_params
 from rl4mle_jax.sampling import Sampler, cache_phases
 
 
+def time_interleaved(samplers: dict, params, prompts, key, new: int, rounds: int
+                     ) -> tuple[dict, dict]:
+    """Greedy generate calls of each sampler in turn, `rounds` times: ({name: [seconds]},
+    {name: last output}); a drift in the machine's speed hits every sampler alike."""
+    times = {name: [] for name in samplers}
+    outs = {}
+    for _ in range(rounds):
+        for name, s in samplers.items():
+            t = time.perf_counter()
+            outs[name] = s.generate(params, prompts, key, max_new_tokens=new, greedy=True)
+            times[name].append(time.perf_counter() - t)
+    return times, outs
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="tiny", help="a models.presets name")
@@ -57,13 +71,7 @@ def main():
         for s in samplers.values():  # compile (the loop bound is an argument: one program)
             s.generate(params, prompts, key, max_new_tokens=2, greedy=True)
         for new in news:
-            times = {name: [] for name in samplers}
-            outs = {}
-            for _ in range(args.rounds):
-                for name, s in samplers.items():
-                    t = time.perf_counter()
-                    outs[name] = s.generate(params, prompts, key, max_new_tokens=new, greedy=True)
-                    times[name].append(time.perf_counter() - t)
+            times, outs = time_interleaved(samplers, params, prompts, key, new, args.rounds)
             same = all(np.array_equal(o.tokens, outs["one cache"].tokens) for o in outs.values())
             ms = {name: 1e3 * statistics.median(t) / new for name, t in times.items()}
             rows.append((b, new, ms["one cache"], ms["growing"],

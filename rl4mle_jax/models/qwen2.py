@@ -140,7 +140,7 @@ class LMHead(nn.Module):
 # [i, i + c) attend to keys [0, i + c) only, so the masked upper triangle is mostly skipped and
 # each chunk's [c, i + c] scores stay in cache. On the default run's train step (tiny preset,
 # 8 x 1024 tokens, 2 cores) 128 made attention ~3.4x faster and the step ~2x
-# (scripts/bench_train_step.py --real --attention_chunks); 0 computes one [T, T] block.
+# (scripts/bench_train_step.py --real --modes one-block,default); 0 computes one block.
 ATTENTION_CHUNK = 128
 # At most this many chunks per layer (the chunk grows with T beyond 16 x 128): each chunk is
 # its own einsum in the compiled program, and the share of scores skipped is (n - 1) / 2n.
