@@ -306,8 +306,12 @@ def test_attention_chunks_give_same_values_and_gradients():
 
 
 def test_attention_chunk_size():
-    from rl4mle_jax.models.qwen2 import ATTENTION_MAX_CHUNKS, attention_chunk_size
+    from rl4mle_jax.models.qwen2 import ATTENTION_CHUNK, ATTENTION_MAX_CHUNKS, attention_chunk_size
+    from rl4mle_jax.rl.learner_config import LearnerConfig
 
+    # The learner's config (JAX-free, so it writes the number out) and the model's default (the
+    # sampler's) agree.
+    assert LearnerConfig().attention_chunk == ATTENTION_CHUNK
     assert attention_chunk_size(1024) == 128  # the default: 8 chunks
     assert attention_chunk_size(100) == 100  # shorter than a chunk: one block
     assert attention_chunk_size(1024, 0) == 1024  # 0: one block
