@@ -306,8 +306,14 @@ def lane_lines(lane: dict) -> list[str]:
     for name, what in (("policy", "policy sampling"), ("frozen", "frozen-copy instrumentation")):
         if name in lane:
             d = lane[name]
-            parts.append(f"{what} {d['busy_s']:.0f} s ({d['requests']} requests, "
-                         f"{d['tokens']} tokens)")
+            if d.get("calls"):  # the static service: requests merged into sampler calls
+                served = (f"{d['requests']} requests in {d['calls']} sampler calls, "
+                          f"{d['requests'] / d['calls']:.2f} per call")
+            elif d.get("engine_calls"):  # the continuous engine
+                served = f"{d['requests']} requests, {d['engine_calls']} engine calls"
+            else:
+                served = f"{d['requests']} requests"
+            parts.append(f"{what} {d['busy_s']:.0f} s ({served}, {d['tokens']} tokens)")
     out = [f"Device lane time in {lane['wall_s']:.0f} s of RL: " + "; ".join(parts) + "."]
     if "host_cpu_s" in lane:
         out.append(f"CPU in that time: this process {lane['host_cpu_s']:.0f} s (the lanes and "

@@ -522,6 +522,12 @@ class _Trainer:
             if svc is not None:
                 out[name] = {"busy_s": svc.busy_s, "requests": svc.requests,
                              "tokens": svc.tokens}
+                # The static service's sampler calls (requests merged per call: its batch
+                # sizes), or the continuous engine's jitted step calls.
+                if hasattr(svc, "calls"):
+                    out[name]["calls"] = svc.calls
+                elif hasattr(svc, "steps"):
+                    out[name]["engine_calls"] = svc.steps
         return out
 
     def _done(self) -> bool:

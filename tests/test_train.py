@@ -109,7 +109,11 @@ def test_default_config_end_to_end(warm_cache, tmp_path):
     assert lane["train_steps"] == 2 and lane["train_steps_s"] > 0
     assert lane["policy"]["requests"] >= 8 and lane["policy"]["tokens"] > 0
     assert lane["policy"]["busy_s"] > 0 and "frozen" in lane
+    # The static service merged the requests into calls of at most sampling.max_batch.
+    calls = lane["policy"]["calls"]
+    assert 1 <= calls <= lane["policy"]["requests"] <= calls * cfg.sampling.max_batch
     assert "Device lane time" in report
+    assert f"{lane['policy']['requests']} requests in {calls} sampler calls" in report
     # Where the CPU went: this process, and the programs it ran (each fresh run's cpu_s).
     fresh = [e for e in ran if not e["reused_run"]]
     assert lane["host_cpu_s"] > 0 and lane["program_runs"] == len(fresh) > 0
@@ -218,6 +222,11 @@ def test_the_loop_runs_on_the_continuous_engine(warm_cache, tmp_path):
     assert done and all(e["response_tokens"] > 0 for e in done)
     inst = summary["instrument"]  # the frozen copy answered through its own engine
     assert inst.get("instrument/lm_accepted", 0) + inst.get("instrument/lm_rejected", 0) > 0
+    # The lane report counts the engine's jitted step calls (one token step per call here).
+    policy = summary["lane"]["policy"]
+    assert "calls" not in policy and policy["engine_calls"] >= 1
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"{policy['requests']} requests, {policy['engine_calls']} engine calls" in report
 
 
 def test_rollout_metrics_give_the_share_of_improve_prompts_that_cut_their_parent():
