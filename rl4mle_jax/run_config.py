@@ -136,6 +136,9 @@ class InstrumentConfig:
     max_new_tokens: int = 1024
     temperature: float = 0.2
     timeout_s: float = 120.0  # no answer by then: static instrumentation instead
+    # Answers that rewrite a statement or two: markers placed by aligning their statements
+    # to the program's (env.instrument_lm); False: only answers that change nothing else.
+    realign: bool = False
 
     def __post_init__(self):
         _need(self.mode in INSTRUMENT_MODES, "mode",

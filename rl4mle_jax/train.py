@@ -375,7 +375,7 @@ class _Trainer:
         # In "lm" mode the episodes send the frozen copy's prompts through its generation
         # service and verify the answers (EpisodeRunner._instrument), so no generate here.
         instrumenter = Instrumenter(
-            cfg.instrument.mode,
+            cfg.instrument.mode, realign=cfg.instrument.realign,
             chat_template=(self.c.tokenizer.apply_chat_template if self.c.tokenizer.is_chat
                            else None))
         first_id = self.explog.next_episode_id

@@ -7,6 +7,15 @@ nonce: from an accepted answer we keep only *where* each print went and place ou
 markers into the original text at those spots, so the executed program is the agent's code
 byte for byte plus markers. Rejected answers fall back to the static instrumenter.
 
+Realigned answers (`realign=True`): a small frozen copy often copies the program with one or two
+statements rewritten (its favourite model or imputer in place of the agent's) and every marker
+where it belongs. Such an answer's statements are aligned to the original's (difflib over each
+statement's own tree, nested bodies left out: equal runs, and replaced runs of equal length and
+statement types, pair up); each marker goes where its anchor statement's partner is in the
+original, markers whose anchor has no partner are dropped, and an answer pairing fewer than
+`MIN_ALIGNED_SHARE` of the original's statements is rejected as before. What runs is still the
+agent's code plus our markers; only where the model put them is taken from its answer.
+
 Both texts are untrusted (the program is the policy's, the answer a model's), so verification is
 total and linear: parser failures are named reasons, trees are compared and paired with explicit
 stacks (never `ast.dump` or recursion, whose depth the text chooses), and a marker's text is
@@ -16,6 +25,7 @@ matched with string methods.
 from __future__ import annotations
 
 import ast
+import difflib
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -48,6 +58,12 @@ _MILESTONE_HELP = {
     "predictions_made": "after the predictions are computed",
     "submission_written": "after ./submission/submission.csv is written",
 }
+# Realignment: an answer pairing fewer of the original's statements than this share is another
+# program; alignment is skipped (the answer rejected) past this many statements on either side
+# (difflib's matching is quadratic in the worst case, and the program is untrusted).
+MIN_ALIGNED_SHARE = 0.5
+MAX_ALIGNED_STATEMENTS = 1000
+_BODIES = (ast.stmt, ast.excepthandler, ast.match_case)  # list items that hold statements
 _SIMPLE = (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Import, ast.ImportFrom,
            ast.Delete, ast.Assert, ast.Pass, ast.Global, ast.Nonlocal, ast.Return, ast.Raise,
            ast.Break, ast.Continue)
@@ -142,6 +158,75 @@ def _pair(a: ast.AST, b: ast.AST) -> dict[int, ast.AST]:
     return out
 
 
+def _statements(tree: ast.AST) -> list[ast.stmt]:
+    """Every statement of the tree in source order (pre-order), iteratively."""
+    out, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.stmt):
+            out.append(node)
+        children = [v for _, value in ast.iter_fields(node) if isinstance(value, list)
+                    for v in value if isinstance(v, _BODIES)]
+        stack.extend(reversed(children))
+    return out
+
+
+def _signature(stmt: ast.stmt) -> tuple:
+    """The statement's own tree (its nested bodies left out) as a flat tuple, without
+    positions; iterative (the text chooses the depth)."""
+    tokens, stack = [], [stmt]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, ast.AST):
+            tokens.append(type(x).__name__)
+            for f in reversed(x._fields):
+                v = getattr(x, f, None)
+                if not (isinstance(v, list) and v and isinstance(v[0], _BODIES)):
+                    stack.append(v)
+        elif isinstance(x, list):
+            tokens.append(("list", len(x)))
+            stack.extend(reversed(x))
+        else:
+            tokens.append((type(x).__name__, x))
+    return tuple(tokens)
+
+
+def _realigned_placements(lm_tree: ast.Module, orig_tree: ast.Module,
+                          removed: list[tuple[ast.AST, str, int, str]]
+                          ) -> tuple[list[Placement], dict] | None:
+    """The markers of an answer that differs from the original, placed by aligning statements
+    (module docstring), and {n_unaligned, aligned_share}; None when it is another program."""
+    lm_st, orig_st = _statements(lm_tree), _statements(orig_tree)
+    if not orig_st or max(len(lm_st), len(orig_st)) > MAX_ALIGNED_STATEMENTS:
+        return None
+    matcher = difflib.SequenceMatcher(None, [_signature(x) for x in lm_st],
+                                      [_signature(x) for x in orig_st], autojunk=False)
+    partner, aligned = {}, 0
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            aligned += i2 - i1
+        if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
+            for a, b in zip(lm_st[i1:i2], orig_st[j1:j2]):
+                if type(a) is type(b):
+                    partner[id(a)] = b
+    share = aligned / len(orig_st)
+    if share < MIN_ALIGNED_SHARE:
+        return None
+    placements, unaligned = [], 0
+    for parent, fname, idx, ms in removed:
+        body = getattr(parent, fname)  # the answer's body, markers removed
+        anchor = body[idx - 1] if idx > 0 else body[0] if body else None
+        target = partner.get(id(anchor))
+        if target is None:
+            unaligned += 1
+        elif idx == 0:
+            placements.append(Placement("before", target, (ms,)))
+        else:
+            kind = "after" if isinstance(target, _SIMPLE) else "line_after"
+            placements.append(Placement(kind, target, (ms,)))
+    return placements, {"n_unaligned": unaligned, "aligned_share": round(share, 4)}
+
+
 def _first_difference(a: ast.Module, b: ast.Module) -> str:
     for i, (x, y) in enumerate(zip(a.body, b.body)):
         if not _same_tree(x, y):
@@ -149,20 +234,23 @@ def _first_difference(a: ast.Module, b: ast.Module) -> str:
     return f"{len(a.body)} top-level statements vs {len(b.body)} in the original"
 
 
-def verify_lm_instrumentation(code: str, response: str
+def verify_lm_instrumentation(code: str, response: str, realign: bool = False
                               ) -> tuple[InstrumentedProgram | None, dict]:
-    """Accepts the model's answer only if it is the original plus marker prints.
+    """Accepts the model's answer only if it is the original plus marker prints, or with
+    `realign`, if its statements align with the original's (module docstring).
 
     Returns (program with our nonce markers at the model's spots, or None; a record with
-    accepted, reason, detail, n_markers). Total: reasons are no_code, too_large, syntax_error,
-    encoding_error, too_deep (of either text: `detail` says which), ast_mismatch, no_markers,
-    placement_failed.
+    accepted, reason, detail, n_markers; a realigned answer also realigned=True, mismatch (the
+    first difference), n_unaligned, aligned_share). Total: reasons are no_code, too_large,
+    syntax_error, encoding_error, too_deep (of either text: `detail` says which), ast_mismatch,
+    no_markers, placement_failed.
     """
     with gc_paused():
-        return _verify(code, response)
+        return _verify(code, response, realign)
 
 
-def _verify(code: str, response: str) -> tuple[InstrumentedProgram | None, dict]:
+def _verify(code: str, response: str, realign: bool = False
+            ) -> tuple[InstrumentedProgram | None, dict]:
     rec = {"method": "lm", "accepted": False, "reason": None, "detail": "", "n_markers": 0}
     if not isinstance(response, str) or len(response) > MAX_RESPONSE_CHARS:
         rec.update(reason="too_large" if isinstance(response, str) else "no_code",
@@ -195,21 +283,28 @@ def _verify(code: str, response: str) -> tuple[InstrumentedProgram | None, dict]
     removed = _strip_markers(lm_tree)
     rec["n_markers"] = len(removed)
     if not _same_tree(lm_tree, orig_tree):
-        rec.update(reason="ast_mismatch", detail=_first_difference(lm_tree, orig_tree))
-        return None, rec
-    if not removed:
+        mismatch = _first_difference(lm_tree, orig_tree)
+        realigned = (_realigned_placements(lm_tree, orig_tree, removed)
+                     if realign and removed else None)
+        if not realigned or not realigned[0]:
+            rec.update(reason="ast_mismatch", detail=mismatch)
+            return None, rec
+        placements = realigned[0]
+        rec.update(realigned=True, mismatch=mismatch, **realigned[1])
+    elif not removed:
         rec.update(reason="no_markers", detail="no milestone print was inserted")
         return None, rec
-    twin = _pair(lm_tree, orig_tree)
-    placements = []
-    for parent, fname, idx, ms in removed:
-        body = getattr(twin[id(parent)], fname)
-        if idx > 0:
-            prev = body[idx - 1]
-            kind = "after" if isinstance(prev, _SIMPLE) else "line_after"
-            placements.append(Placement(kind, prev, (ms,)))
-        elif body:  # (an empty program has no statement to put a marker next to)
-            placements.append(Placement("before", body[0], (ms,)))
+    else:
+        twin = _pair(lm_tree, orig_tree)
+        placements = []
+        for parent, fname, idx, ms in removed:
+            body = getattr(twin[id(parent)], fname)
+            if idx > 0:
+                prev = body[idx - 1]
+                kind = "after" if isinstance(prev, _SIMPLE) else "line_after"
+                placements.append(Placement(kind, prev, (ms,)))
+            elif body:  # (an empty program has no statement to put a marker next to)
+                placements.append(Placement("before", body[0], (ms,)))
     placeholder = new_placeholder(code)
     text, inserted, kept, placed = place_markers_checked(code, placements, placeholder,
                                                          orig_tree)
@@ -245,11 +340,13 @@ class Instrumenter:
     """
 
     def __init__(self, mode: str = "static", generate: Callable[[str], str] | None = None,
-                 chat_template: Callable[[list[dict]], str] | None = None):
+                 chat_template: Callable[[list[dict]], str] | None = None,
+                 realign: bool = False):
         if mode not in INSTRUMENT_MODES:
             raise ValueError(f"instrumentation mode must be {'|'.join(INSTRUMENT_MODES)}, got "
                              f"{mode!r}")
         self.mode, self.generate, self.chat_template = mode, generate, chat_template
+        self.realign = realign  # verify_lm_instrumentation's
         self.stats: Counter = Counter()
         self._lock = threading.Lock()
 
@@ -285,9 +382,11 @@ class Instrumenter:
 
     def from_lm_response(self, code: str, response: str) -> InstrumentedProgram:
         """Verifies an LM answer (e.g. sampled in a batch elsewhere); falls back to static."""
-        prog, rec = verify_lm_instrumentation(code, response)
+        prog, rec = verify_lm_instrumentation(code, response, self.realign)
         if prog is not None:
             self._count("lm_accepted")
+            if rec.get("realigned"):
+                self._count("lm_realigned")
             return prog
         return self._fallback(code, rec)
 

@@ -221,6 +221,74 @@ def test_changed_logic_is_rejected_and_static_is_used(mutate, detail):
     assert m["instrument/lm_rejected"] == 1 and m["instrument/lm_accept_rate"] == 0.0
 
 
+def test_realign_places_markers_of_an_answer_that_rewrote_a_statement(tmp_path):
+    """The frozen copy's typical answer: every marker where it belongs, one statement rewritten
+    (here the model); with realign the markers go to the partners of their anchors in the
+    program, which runs as the agent wrote it."""
+    rewritten = PROGRAM.replace("model = MeanRegressor()", "model = OtherRegressor(k=3)")
+    answer = _lm_answer(rewritten, {**FAITHFUL, "model = OtherRegressor(k=3)": "model_defined"})
+    assert verify_lm_instrumentation(PROGRAM, answer)[1]["reason"] == "ast_mismatch"  # default
+    prog, rec = verify_lm_instrumentation(PROGRAM, answer, realign=True)
+    assert rec["accepted"] and rec["realigned"] and rec["reason"] is None
+    assert "differs" in rec["mismatch"] and rec["n_unaligned"] == 0 and rec["n_markers"] == 5
+    # The replaced statement pairs with the program's own (same place, same statement type).
+    assert set(prog.milestones) == set(FAITHFUL.values())
+    nonce = new_nonce()
+    text = prog.render(nonce)
+    assert "OtherRegressor" not in text and prog.original == PROGRAM
+    res = _run(text, tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert set(scan_markers(res.stdout, nonce).milestones) == set(FAITHFUL.values())
+    # The same spots as a faithful answer's.
+    faithful, _ = verify_lm_instrumentation(PROGRAM, _lm_answer(PROGRAM, FAITHFUL))
+    assert text == faithful.render(nonce)
+    inst = Instrumenter("lm", generate=lambda prompt: answer, realign=True)
+    assert inst(PROGRAM).method == "lm"
+    m = inst.metrics()
+    assert m["instrument/lm_accepted"] == m["instrument/lm_realigned"] == 1
+
+
+def test_realign_drops_markers_whose_anchor_has_no_partner():
+    # A statement added after the data loading, with a marker after it: nothing in the program
+    # corresponds, so that marker is dropped and the others are kept.
+    added = PROGRAM.replace('test = load("input/test.csv")\n',
+                            'test = load("input/test.csv")\nextra = sorted(test)\n')
+    answer = _lm_answer(added, {**{k: v for k, v in FAITHFUL.items()
+                                   if v != "data_loaded"}, "extra = sorted": "data_loaded"})
+    prog, rec = verify_lm_instrumentation(PROGRAM, answer, realign=True)
+    assert rec["realigned"] and rec["n_unaligned"] == 1 and rec["n_markers"] == 5
+    assert "data_loaded" not in prog.milestones and len(prog.milestones) == 4
+    text = prog.render(new_nonce())
+    assert prog.original == PROGRAM and "extra" not in text and "MeanRegressor()" in text
+
+
+def test_realign_rejects_another_program_and_answers_without_markers():
+    other = "import json\nx = json.loads('[1]')\nprint(x)\n"
+    answer = _lm_answer(other, {"import json": "libraries_imported"})
+    prog, rec = verify_lm_instrumentation(PROGRAM, answer, realign=True)
+    assert prog is None and rec["reason"] == "ast_mismatch" and "realigned" not in rec
+    rewritten = PROGRAM.replace("range(3)", "range(4)")
+    prog, rec = verify_lm_instrumentation(PROGRAM, f"```python\n{rewritten}```", realign=True)
+    assert prog is None and rec["reason"] == "ast_mismatch"
+
+
+def test_realign_is_bounded_on_hostile_answers():
+    # Thousands of identical statements (difflib's worst case): past MAX_ALIGNED_STATEMENTS the
+    # alignment is not tried; a deep expression is signed without recursion.
+    from rl4mle_jax.env.instrument_lm import MAX_ALIGNED_STATEMENTS
+
+    many = "x = 1\n" * (MAX_ALIGNED_STATEMENTS + 1)
+    answer = "```python\nprint('@@MILESTONE data_loaded')\n" + many.replace("1", "2", 1) + "```"
+    prog, rec = verify_lm_instrumentation(many, answer, realign=True)
+    assert prog is None and rec["reason"] == "ast_mismatch"
+    # A deep statement (as deep as parses anywhere) pairs as a whole.
+    deep = "y = " + "-" * 900 + "1\nz = 2\n"
+    answer = ("```python\n" + deep.replace("z = 2", "z = 3")
+              + "print('@@MILESTONE data_loaded')\n```")
+    prog, rec = verify_lm_instrumentation(deep, answer, realign=True)
+    assert rec["realigned"] and prog.milestones == ("data_loaded",)
+
+
 def test_unparsable_or_markerless_answers_are_rejected():
     assert verify_lm_instrumentation(PROGRAM, "```python\ndef (\n```")[1]["reason"] == \
         "syntax_error"
