@@ -298,6 +298,24 @@ def warmup_lines(warmup: dict) -> list[str]:
             f"{shapes} in {warmup['train_step_s']:.0f} s)."]
 
 
+def instrument_lines(inst: dict) -> list[str]:
+    """How the frozen copy's instrumentation answers fared (the instrumenter's counters)."""
+    if "instrument/lm_accept_rate" not in inst:
+        return []
+    accepted, rejected = int(inst.get("instrument/lm_accepted", 0)), int(
+        inst.get("instrument/lm_rejected", 0))
+    text = (f"LM instrumentation acceptance: {inst['instrument/lm_accept_rate']:.2f} "
+            f"({accepted} of {accepted + rejected} answers")
+    if inst.get("instrument/lm_realigned"):
+        text += f", {int(inst['instrument/lm_realigned'])} of them realigned (`instrument.realign`)"
+    reasons = {k.removeprefix("instrument/lm_rejected_"): int(v) for k, v in sorted(inst.items())
+               if k.startswith("instrument/lm_rejected_")}
+    if rejected:
+        text += (f"; the other {rejected} ran with the static instrumenter's markers: "
+                 + ", ".join(f"{k} {v}" for k, v in reasons.items()))
+    return ["", text + ")."]
+
+
 def lane_lines(lane: dict) -> list[str]:
     """Where the RL wall-clock went on the device lanes (the last session of the run)."""
     if not lane or lane.get("wall_s", 0) <= 0:
@@ -364,9 +382,7 @@ def write_report(workdir: Path, config: Any, comps: Any, initial: dict, final: d
         lines.append("This task has no reference scores (`reference_scores` in its task.json), "
                      "so the pick is not placed against a baseline.")
     lines += ["", "## Best solution", "", best_solution_line(best)]
-    inst = summary.get("instrument", {})
-    if "instrument/lm_accept_rate" in inst:
-        lines += ["", f"LM instrumentation acceptance: {inst['instrument/lm_accept_rate']:.2f}"]
+    lines += instrument_lines(summary.get("instrument", {}))
     lines += ["", "Plots: `plots/*.png`. Experience log: `experience.jsonl`. TensorBoard: `tb/`."]
     path = workdir / "report.md"
     path.write_text("\n".join(lines) + "\n")

@@ -125,3 +125,19 @@ def test_report_shows_the_reward_splits_maximum_beside_a_cv_pick(tmp_path):
             "`run.eval_pick=cv`) | 0.4000 | 0.3500 | +0.0500 | >= +0 |") in text, text
     assert ("| test score of the reward split's maximum (the \"max\" rule, for comparison) | "
             "0.4000 | 0.4500 | -0.0500 | — |") in text
+
+
+def test_instrument_lines_count_answers_realigned_and_rejected_by_reason():
+    from rl4mle_jax.report import instrument_lines
+
+    assert instrument_lines({}) == []  # static mode: no LM answers
+    inst = {"instrument/lm_accepted": 20.0, "instrument/lm_rejected": 63.0,
+            "instrument/lm_rejected_ast_mismatch": 61.0,
+            "instrument/lm_rejected_syntax_error": 2.0, "instrument/lm_accept_rate": 20 / 83}
+    (line,) = [x for x in instrument_lines(inst) if x]
+    assert line == ("LM instrumentation acceptance: 0.24 (20 of 83 answers; the other 63 ran "
+                    "with the static instrumenter's markers: ast_mismatch 61, syntax_error 2).")
+    inst = {"instrument/lm_accepted": 40.0, "instrument/lm_rejected": 0.0,
+            "instrument/lm_realigned": 37.0, "instrument/lm_accept_rate": 1.0}
+    assert instrument_lines(inst)[-1] == ("LM instrumentation acceptance: 1.00 (40 of 40 answers, "
+                                          "37 of them realigned (`instrument.realign`)).")
