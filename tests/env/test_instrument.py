@@ -274,7 +274,7 @@ def test_realign_rejects_another_program_and_answers_without_markers():
 
 def test_realign_is_bounded_on_hostile_answers():
     # Thousands of identical statements (difflib's worst case): past MAX_ALIGNED_STATEMENTS the
-    # alignment is not tried; a deep expression is signed without recursion.
+    # alignment is not tried.
     from rl4mle_jax.env.instrument_lm import MAX_ALIGNED_STATEMENTS
 
     many = "x = 1\n" * (MAX_ALIGNED_STATEMENTS + 1)
