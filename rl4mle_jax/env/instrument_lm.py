@@ -212,19 +212,28 @@ def _realigned_placements(lm_tree: ast.Module, orig_tree: ast.Module,
     share = aligned / len(orig_st)
     if share < MIN_ALIGNED_SHARE:
         return None
+    placements, unaligned = _placements(removed, partner)
+    return placements, {"n_unaligned": unaligned, "aligned_share": round(share, 4)}
+
+
+def _placements(removed: list[tuple[ast.AST, str, int, str]], partner: dict[int, ast.AST]
+                ) -> tuple[list[Placement], int]:
+    """Each removed marker's placement in the original: after its anchor's partner (the
+    statement before it in the answer's body), or before the partner of the body's first
+    statement; and how many had no anchor or no partner (dropped)."""
     placements, unaligned = [], 0
     for parent, fname, idx, ms in removed:
         body = getattr(parent, fname)  # the answer's body, markers removed
         anchor = body[idx - 1] if idx > 0 else body[0] if body else None
         target = partner.get(id(anchor))
-        if target is None:
+        if target is None:  # (an empty program has no statement to put a marker next to)
             unaligned += 1
         elif idx == 0:
             placements.append(Placement("before", target, (ms,)))
         else:
             kind = "after" if isinstance(target, _SIMPLE) else "line_after"
             placements.append(Placement(kind, target, (ms,)))
-    return placements, {"n_unaligned": unaligned, "aligned_share": round(share, 4)}
+    return placements, unaligned
 
 
 def _first_difference(a: ast.Module, b: ast.Module) -> str:
@@ -294,17 +303,8 @@ def _verify(code: str, response: str, realign: bool = False
     elif not removed:
         rec.update(reason="no_markers", detail="no milestone print was inserted")
         return None, rec
-    else:
-        twin = _pair(lm_tree, orig_tree)
-        placements = []
-        for parent, fname, idx, ms in removed:
-            body = getattr(twin[id(parent)], fname)
-            if idx > 0:
-                prev = body[idx - 1]
-                kind = "after" if isinstance(prev, _SIMPLE) else "line_after"
-                placements.append(Placement(kind, prev, (ms,)))
-            elif body:  # (an empty program has no statement to put a marker next to)
-                placements.append(Placement("before", body[0], (ms,)))
+    else:  # equal trees: every statement of the answer pairs with its twin in the original
+        placements, _ = _placements(removed, _pair(lm_tree, orig_tree))
     placeholder = new_placeholder(code)
     text, inserted, kept, placed = place_markers_checked(code, placements, placeholder,
                                                          orig_tree)
