@@ -37,16 +37,29 @@ SECRET = "SECRET-ANSWERS-" + uuid.uuid4().hex
 needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap not installed")
 
 
+# "zygote": bwrap with programs forked from a pre-imported interpreter (sandbox/zygote.py)
+PREIMPORT = ("numpy", "csv", "json")
+
+
+def _kind(backend: str) -> str:
+    return "bwrap" if backend == "zygote" else backend
+
+
 def _sandbox(backend: str, **kw) -> Sandbox:
     if backend == "subprocess":
         kw.setdefault("python", SYSTEM_PY)
+    if backend == "zygote":
+        kw.setdefault("preimport", PREIMPORT)
     kw.setdefault("timeout_s", 20)
     kw.setdefault("memory_mb", 1024)
     kw.setdefault("max_procs", 64)
-    return Sandbox(backend=backend, **kw)
+    return Sandbox(backend=_kind(backend), **kw)
 
 
-BACKENDS = [pytest.param("bwrap", marks=needs_bwrap), "subprocess"]
+needs_root_bwrap = pytest.mark.skipif(not (HAVE_BWRAP and IS_ROOT),
+                                      reason="the zygote needs bwrap and root")
+BACKENDS = [pytest.param("bwrap", marks=needs_bwrap), "subprocess",
+            pytest.param("zygote", marks=needs_root_bwrap)]
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +125,7 @@ def test_normal_program_writes_submission(backend, task):
     assert 0.3 <= res.duration_s <= res.wall_s  # Δt measured, sandbox set-up excluded
     assert res.peak_memory_mb is not None and 1 < res.peak_memory_mb < 1024
     assert res.cpu_s is not None and 0 < res.cpu_s < res.duration_s  # it slept 0.3 s of it
-    assert res.backend == backend and res.weak_isolation == (backend == "subprocess")
+    assert res.backend == _kind(backend) and res.weak_isolation == (backend == "subprocess")
     assert json.loads(json.dumps(res.to_dict()))["status"] == "ok"
     res.cleanup()
     assert not res.workdir.exists()
@@ -234,14 +247,14 @@ def test_private_answers_cannot_be_read(backend, task, tmp_path):
     shutil.copytree(task["input"], inp)
     # The subprocess backend sees the host filesystem: walking all of it would take minutes, so
     # it only tries the absolute path and its ancestors (it relies on file permissions).
-    skip = _BIG if backend == "bwrap" else None
+    skip = _BIG if _kind(backend) == "bwrap" else None
     (inp / "target.json").write_text(json.dumps([str(task["private"]), SECRET, skip]))
     res = _sandbox(backend, work_root=task["runs"], timeout_s=60).run(STEAL, inp)
     rep = _report(res)
     assert rep["abs"] is None and "Error" in rep["abs_error"]
     assert rep["found"] == []
     assert SECRET not in res.stdout
-    if backend == "bwrap":
+    if _kind(backend) == "bwrap":
         assert rep["ancestors"][-1][0] == "/"
         top = rep["ancestors"][-1][1]
         assert not {"root", "home", "work", "var"} & set(top), top
@@ -302,7 +315,7 @@ def test_writes_outside_the_workdir_fail(backend, task, tmp_path):
     assert "pwned" not in (inp / "train.csv").read_text()
     tmp_written = rep.pop(host_tmp) == "written"
     assert all(v != "written" for v in rep.values()), rep
-    if backend == "bwrap":
+    if _kind(backend) == "bwrap":
         assert tmp_written and not Path(host_tmp).exists()  # its /tmp is <workdir>/tmp
         assert (res.workdir / "tmp" / os.path.basename(host_tmp)).exists()
     else:

@@ -42,6 +42,10 @@ def task(tmp_path_factory) -> Iterator[dict[str, Path]]:
     shutil.rmtree(runs, ignore_errors=True)
 
 
+# Each limit also holds for programs forked from a pre-imported interpreter (sandbox/zygote.py).
+PRE = [(), pytest.param(("numpy",), id="zygote", marks=needs_root)]
+
+
 def _sb(task, **kw) -> Sandbox:
     kw.setdefault("timeout_s", 20)
     kw.setdefault("memory_mb", 1024)
@@ -105,9 +109,11 @@ print("children", codes)
 
 
 @needs_root
-def test_tree_memory_limit_is_oom_and_peak_is_the_trees(task):
+@pytest.mark.parametrize("pre", PRE)
+def test_tree_memory_limit_is_oom_and_peak_is_the_trees(task, pre):
     token = uuid.uuid4().hex
-    res = _sb(task, memory_mb=512).run(TREE_MEMORY, task["input"], env={"TOK": token})
+    res = _sb(task, preimport=pre, memory_mb=512).run(TREE_MEMORY, task["input"],
+                                                      env={"TOK": token})
     assert res.status == "oom", (res.status, res.stdout, res.stderr[-500:])
     assert res.peak_memory_mb is not None and res.peak_memory_mb > 420, res.peak_memory_mb
     assert any("cgroup" in w for w in res.warnings), res.warnings
@@ -136,8 +142,9 @@ print(json.dumps({"cores": usage / (time.time() - t0)}))
 
 @needs_root
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to show the cap")
-def test_cpus_caps_the_whole_tree(task):
-    res = _sb(task, cpus=1).run(CPU_HOG, task["input"])
+@pytest.mark.parametrize("pre", PRE)
+def test_cpus_caps_the_whole_tree(task, pre):
+    res = _sb(task, preimport=pre, cpus=1).run(CPU_HOG, task["input"])
     assert res.status == "ok", res.stderr[-500:]
     cores = _report(res)["cores"]
     assert 0.3 < cores <= 1.2, cores
@@ -172,8 +179,9 @@ print(json.dumps(out))
 
 
 @needs_root
-def test_disk_bytes_and_inodes_of_the_run_dir_are_bounded(task):
-    res = _sb(task, disk_mb=16, max_inodes=300).run(FILL, task["input"])
+@pytest.mark.parametrize("pre", PRE)
+def test_disk_bytes_and_inodes_of_the_run_dir_are_bounded(task, pre):
+    res = _sb(task, preimport=pre, disk_mb=16, max_inodes=300).run(FILL, task["input"])
     assert res.status == "ok", res.stderr[-500:]
     rep = _report(res)
     assert rep["disk"] == "ENOSPC" and rep["inodes"] == "ENOSPC", rep
@@ -201,9 +209,11 @@ while True:
 """
 
 
-def test_fork_bomb_is_contained_and_leaves_nothing(task):
+@pytest.mark.parametrize("pre", PRE)
+def test_fork_bomb_is_contained_and_leaves_nothing(task, pre):
     token = uuid.uuid4().hex
-    res = _sb(task, max_procs=24, timeout_s=2).run(FORK_BOMB, task["input"], env={"TOK": token})
+    res = _sb(task, preimport=pre, max_procs=24, timeout_s=2).run(FORK_BOMB, task["input"],
+                                                                  env={"TOK": token})
     assert res.status == "timeout"
     assert 0 < int(res.stdout.split()[1]) < 24, res.stdout
     time.sleep(0.2)
@@ -236,8 +246,9 @@ print(json.dumps(out))
 """
 
 
-def test_only_unix_and_inet_sockets_exist(task):
-    res = _sb(task).run(SOCKETS, task["input"])
+@pytest.mark.parametrize("pre", PRE)
+def test_only_unix_and_inet_sockets_exist(task, pre):
+    res = _sb(task, preimport=pre).run(SOCKETS, task["input"])
     assert res.status == "ok", res.stderr[-500:]
     rep = _report(res)
     for name in ("vsock", "netlink", "packet", "bluetooth", "alg", "netlink_pair"):
@@ -374,8 +385,9 @@ def test_symlinked_submission_does_not_exist(task, mode):
     _assert_nothing_left(res)
 
 
-def test_mountinfo_shows_no_task_path(task):
-    res = _sb(task).run("print(open('/proc/self/mountinfo').read())", task["input"])
+@pytest.mark.parametrize("pre", PRE)
+def test_mountinfo_shows_no_task_path(task, pre):
+    res = _sb(task, preimport=pre).run("print(open('/proc/self/mountinfo').read())", task["input"])
     assert res.status == "ok", res.stderr[-500:]
     assert "/workdir/input" in res.stdout
     assert str(task["root"]) not in res.stdout and str(task["input"]) not in res.stdout

@@ -37,6 +37,16 @@ __all__ = ["Sandbox", "ExecResult", "STATUSES", "BACKENDS"]
 BACKENDS = ("bwrap", "subprocess", "docker", "ray")
 
 
+def parse_preimport(preimport: tuple[str, ...] | list[str] | str) -> tuple[str, ...]:
+    """Module names from a comma-separated string or a sequence; each must be a dotted name."""
+    names = preimport.split(",") if isinstance(preimport, str) else list(preimport)
+    out = tuple(n.strip() for n in names if n.strip())
+    bad = [n for n in out if not all(p.isidentifier() for p in n.split("."))]
+    if bad:
+        raise ValueError(f"preimport: not module names: {bad}")
+    return out
+
+
 class Sandbox:
     """Runs untrusted programs with limits; see the module docstring.
 
@@ -50,6 +60,9 @@ class Sandbox:
     image: the "docker" backend's image (built locally by scripts/docker_image.sh).
     ray_inner / ray_address: the "ray" backend's sandbox on each node, and the cluster to join
     (default: $RAY_ADDRESS, else a local Ray started here; see ray_backend.py).
+    preimport: modules ("pandas,sklearn.ensemble" or a tuple) that the "bwrap" backend imports
+    once into a zygote, which forks each program into its run's sandbox instead of a fresh
+    interpreter re-importing them (root only; see zygote.py).
     """
 
     def __init__(self, backend: str = "bwrap", timeout_s: float = 300.0,
@@ -59,7 +72,7 @@ class Sandbox:
                  python: str | None = None, work_root: str | Path | None = None,
                  image: str = "rl4mle-sandbox:local", max_concurrency: int = 64,
                  docker_client: Any = None, ray_inner: str = "bwrap",
-                 ray_address: str | None = None):
+                 ray_address: str | None = None, preimport: tuple[str, ...] | str = ()):
         if backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {BACKENDS}")
         if timeout_s <= 0:
@@ -74,7 +87,8 @@ class Sandbox:
         if backend == "bwrap":
             from rl4mle_jax.env.sandbox.bwrap import BwrapBackend
 
-            self._backend: Any = BwrapBackend(self.python, self.work_root)
+            self._backend: Any = BwrapBackend(self.python, self.work_root,
+                                              preimport=parse_preimport(preimport))
         elif backend == "subprocess":
             from rl4mle_jax.env.sandbox.subprocess_backend import SubprocessBackend
 
@@ -83,6 +97,8 @@ class Sandbox:
             from rl4mle_jax.env.sandbox.ray_backend import RayBackend
 
             self._backend = RayBackend(self.work_root, inner=ray_inner, address=ray_address)
+        elif preimport:
+            raise ValueError(f"preimport is a feature of the bwrap backend, not {backend!r}")
         else:
             from rl4mle_jax.env.sandbox.docker_backend import DockerBackend
 
@@ -120,6 +136,8 @@ class Sandbox:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False)
+        if hasattr(self._backend, "close"):
+            self._backend.close()
 
     def __enter__(self) -> Sandbox:
         return self

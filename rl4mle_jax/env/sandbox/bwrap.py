@@ -40,12 +40,13 @@ from rl4mle_jax.env.sandbox.common import (
     sandbox_env,
     sweep_leftovers,
 )
-from rl4mle_jax.env.sandbox.launcher import launcher_argv
+from rl4mle_jax.env.sandbox.launcher import launch_config, launcher_argv
 from rl4mle_jax.env.sandbox.limiter import RunLimiter
 from rl4mle_jax.env.sandbox.local import UidPool, run_process
 from rl4mle_jax.env.sandbox.result import ExecResult
-from rl4mle_jax.env.sandbox.seccomp import filter_fd
+from rl4mle_jax.env.sandbox.seccomp import build_filter, filter_fd
 from rl4mle_jax.env.sandbox.staging import stage_input
+from rl4mle_jax.env.sandbox.zygote import Handoff, Zygote
 
 SANDBOX_WORKDIR = "/workdir"
 _SYSTEM_TOP = ("/usr",)
@@ -170,6 +171,39 @@ def bwrap_argv(*, bwrap: str, layout: PythonLayout, workdir: Path, input_dir: Pa
         ns = ["--unshare-all", "--unshare-user", "--uid", str(inner_uid), "--gid", str(inner_uid),
               "--disable-userns"]
     args = [bwrap, *ns, "--die-with-parent", "--new-session", "--hostname", hostname]
+    _system_mounts(p, layout, inner_uid)
+    p.bind(str(workdir), SANDBOX_WORKDIR, ro=False)
+    p.bind(str(input_dir), f"{SANDBOX_WORKDIR}/input")
+    p.bind(str(workdir / "tmp"), "/tmp", ro=False)
+    p.bind("/sys/devices/system/cpu", "/sys/devices/system/cpu", try_=True)
+    args += p.args
+    seccomp = filter_fd()
+    if seccomp is not None:
+        args += ["--seccomp", str(seccomp)]
+        p.fds.append(seccomp)
+    # POSIX semaphores (multiprocessing, joblib) need a writable /dev/shm: keep it in the workdir.
+    args += ["--proc", "/proc", "--dev", "/dev", "--bind", str(workdir / ".shm"), "/dev/shm",
+             "--remount-ro", "/", "--chdir", SANDBOX_WORKDIR]
+    return args, p.fds
+
+
+def zygote_bwrap_argv(*, bwrap: str, layout: PythonLayout) -> tuple[list[str], list[int]]:
+    """bwrap arguments and the interpreter for the zygote (zygote.py): the runs' system, Python
+    and venv mounts at the same paths; no network; the host's pid namespace (it forks into the
+    runs' own); root with the capabilities to enter the runs' namespaces; no seccomp filter (it
+    refuses setns: each child installs it once inside)."""
+    p = MountPlan()
+    args = [bwrap, "--unshare-net", "--unshare-ipc", "--unshare-uts", "--new-session",
+            "--hostname", "sandbox-zygote"]
+    for cap in ("CAP_SYS_ADMIN", "CAP_SYS_CHROOT", "CAP_SETUID", "CAP_SETGID"):
+        args += ["--cap-add", cap]
+    _system_mounts(p, layout, 0)
+    p.bind("/sys/devices/system/cpu", "/sys/devices/system/cpu", try_=True)
+    args += p.args + ["--dev", "/dev", "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/"]
+    return args + [layout.inner_exe], p.fds
+
+
+def _system_mounts(p: MountPlan, layout: PythonLayout, inner_uid: int) -> None:
     for top in _SYSTEM_TOP:
         p.bind(top, top)
     for link in _SYSTEM_LINKS:
@@ -195,19 +229,6 @@ def bwrap_argv(*, bwrap: str, layout: PythonLayout, workdir: Path, input_dir: Pa
         home = os.path.dirname(layout.inner_base_exe)
         inc = "true" if layout.include_system_site else "false"
         p.data(f"home = {home}\ninclude-system-site-packages = {inc}\n", "/opt/venv/pyvenv.cfg")
-    p.bind(str(workdir), SANDBOX_WORKDIR, ro=False)
-    p.bind(str(input_dir), f"{SANDBOX_WORKDIR}/input")
-    p.bind(str(workdir / "tmp"), "/tmp", ro=False)
-    p.bind("/sys/devices/system/cpu", "/sys/devices/system/cpu", try_=True)
-    args += p.args
-    seccomp = filter_fd()
-    if seccomp is not None:
-        args += ["--seccomp", str(seccomp)]
-        p.fds.append(seccomp)
-    # POSIX semaphores (multiprocessing, joblib) need a writable /dev/shm: keep it in the workdir.
-    args += ["--proc", "/proc", "--dev", "/dev", "--bind", str(workdir / ".shm"), "/dev/shm",
-             "--remount-ro", "/", "--chdir", SANDBOX_WORKDIR]
-    return args, p.fds
 
 
 def find_bwrap() -> str | None:
@@ -220,7 +241,8 @@ class BwrapBackend:
 
     name = "bwrap"
 
-    def __init__(self, python: str, work_root: Path, bwrap: str | None = None):
+    def __init__(self, python: str, work_root: Path, bwrap: str | None = None,
+                 preimport: tuple[str, ...] = ()):
         found = bwrap or find_bwrap()
         if found is None:
             raise RuntimeError("bubblewrap (bwrap) not found: `apt-get install bubblewrap`, or use "
@@ -235,6 +257,37 @@ class BwrapBackend:
         sweep_leftovers(work_root)
         self._checked = False
         self._check_lock = threading.Lock()
+        self.zygote: Zygote | None = None
+        if preimport:
+            if not self.privileged:
+                raise RuntimeError(
+                    "preimport needs privileged bwrap (root): as a normal user each run lives in "
+                    "its own user namespace, which a pre-imported interpreter cannot enter; "
+                    "leave preimport empty")
+            self.zygote = Zygote(
+                functools.partial(zygote_bwrap_argv, bwrap=self.bwrap, layout=self.layout),
+                tuple(preimport), sandbox_env(1, self._path(), self._extra_env({})),
+                build_filter())
+
+    def _path(self) -> str:
+        path = "/usr/local/bin:/usr/bin:/bin"
+        if self.layout.is_venv:
+            return "/opt/venv/bin:" + path
+        if self.layout.base_bound:
+            return os.path.dirname(self.layout.inner_base_exe) + ":" + path
+        return path
+
+    def _extra_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        env = dict(env or {})
+        if self.layout.base_bound and glob.glob(f"{self.layout.base_prefix}/lib/libpython*"):
+            # Its RUNPATH names the host path, absent here: without this the loader would
+            # pick the system's libpython (another patch release) under our stdlib.
+            env.setdefault("LD_LIBRARY_PATH", "/opt/python/lib")
+        return env
+
+    def close(self) -> None:
+        if self.zygote is not None:
+            self.zygote.close()
 
     def _check(self, limits: Limits) -> None:
         """Once: a trivial program must run, or bwrap's own complaint is raised."""
@@ -270,25 +323,29 @@ class BwrapBackend:
             args, fds = bwrap_argv(bwrap=self.bwrap, layout=self.layout, workdir=wd,
                                    input_dir=staged, privileged=self.privileged,
                                    inner_uid=inner_uid)
-            path = "/usr/local/bin:/usr/bin:/bin"
-            if self.layout.is_venv:
-                path = "/opt/venv/bin:" + path
-            elif self.layout.base_bound:
-                path = os.path.dirname(self.layout.inner_base_exe) + ":" + path
-            env = dict(env or {})
-            if self.layout.base_bound and glob.glob(f"{self.layout.base_prefix}/lib/libpython*"):
-                # Its RUNPATH names the host path, absent here: without this the loader would
-                # pick the system's libpython (another patch release) under our stdlib.
-                env.setdefault("LD_LIBRARY_PATH", "/opt/python/lib")
+            env = sandbox_env(limits.threads, self._path(), self._extra_env(env))
             status_r, status_w = os.pipe()
             exe = self.layout.inner_exe
-            argv = limiter.argv_prefix() + args + launcher_argv(
-                exe, [exe, PROGRAM_NAME], status_fd=status_w, rlimits=limits.rlimits(), uid=uid,
-                nice=limits.nice)
-            raw = run_process(argv, cwd=None, env=sandbox_env(limits.threads, path, env),
-                              timeout_s=limits.timeout_s, output_bytes=limits.output_bytes,
-                              status_fd=(status_r, status_w), pass_fds=tuple(fds),
-                              kill_tree=limiter.kill, monitor=limiter)
+            start = None
+            if self.zygote is None:
+                argv = limiter.argv_prefix() + args + launcher_argv(
+                    exe, [exe, PROGRAM_NAME], status_fd=status_w, rlimits=limits.rlimits(),
+                    uid=uid, nice=limits.nice)
+            else:  # the program is forked from the zygote into this sandbox (zygote.py)
+                handoff = Handoff()
+                argv = (limiter.argv_prefix() + args + handoff.bwrap_args()
+                        + handoff.holder_argv(exe, uid))
+                fds = [*fds, *handoff.pass_fds()]
+                request = {"cwd": SANDBOX_WORKDIR, "env": env, "cmd": [exe, PROGRAM_NAME],
+                           "launch": launch_config(rlimits=limits.rlimits(), uid=uid,
+                                                   nice=limits.nice)}
+                start = functools.partial(
+                    handoff.start, zygote=self.zygote, status_w=status_w, request=request,
+                    join_files=limiter.cg.join_files() if limiter.cg is not None else [])
+            raw = run_process(argv, cwd=None, env=env, timeout_s=limits.timeout_s,
+                              output_bytes=limits.output_bytes, status_fd=(status_r, status_w),
+                              pass_fds=tuple(fds), kill_tree=limiter.kill, monitor=limiter,
+                              start=start)
             return finish(raw, wd=wd, backend=self.name, limits=limits, warnings=warnings,
                           weak=False, limiter=limiter)
         finally:

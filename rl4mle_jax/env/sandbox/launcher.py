@@ -21,79 +21,86 @@ from rl4mle_jax.env.sandbox.witness import BOOTSTRAP, READER, validate_evidence
 
 _STATUS_MAX = 4000  # bytes; the host keeps the first 4096 of the status pipe
 
-LAUNCHER_SOURCE = r"""
-import json, os, resource, sys, time
-cfg = json.loads(sys.argv[1]); cmd = sys.argv[2:]; sfd = cfg["status_fd"]
-witness = cfg.get("witness")
-if cfg.get("uid") is not None:
-    os.setgroups([]); os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
-    os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
-    assert os.getuid() != 0 and os.geteuid() != 0
-try:  # not dumpable: the program (same uid) cannot reach our status pipe via /proc/PID/fd
-    import ctypes
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE; exec resets it for the child
-except Exception:
-    pass
-if witness:
-    key = os.urandom(32)
-    kr, kw = os.pipe()
-    os.write(kw, key)
-    os.close(kw)
-    er, ew = os.pipe()
-t0 = time.monotonic()
-pid = os.fork()
-if pid == 0:
-    try:
-        os.close(sfd)
-        if witness:
-            os.close(er)
-            n = 300 + int.from_bytes(os.urandom(2), "little") % 400
-            k2, e2 = n, n + 1 + int.from_bytes(os.urandom(1), "little")
-            os.dup2(kr, k2)
-            os.dup2(ew, e2)
-            os.close(kr)
-            os.close(ew)
-            cmd = [cmd[0], "-c", cfg["bootstrap"], str(k2), str(e2)] + cmd[1:]
-        if cfg.get("nice"):
-            os.nice(cfg["nice"])
-        for name, value in cfg["rlimits"].items():
-            resource.setrlimit(getattr(resource, name), (value, value))
-        os.execv(cmd[0], cmd)
-    except BaseException as e:
-        os.write(2, ("sandbox launcher: cannot start program: %r\n" % (e,)).encode())
-    os._exit(127)
-while True:
-    try:
-        _, st, ru = os.wait4(pid, 0)
-        break
-    except InterruptedError:
-        continue
-dt = time.monotonic() - t0
-sig = os.WTERMSIG(st) if os.WIFSIGNALED(st) else None
-code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else -sig
-status = {"exit_code": code, "duration_s": dt, "maxrss_kb": ru.ru_maxrss,
-          "cpu_s": ru.ru_utime + ru.ru_stime}
-if witness:
-    os.close(kr)
-    os.close(ew)
-    try:
-        status["evidence"] = read_evidence(er, key)
-    except Exception as e:
-        status["evidence"] = {"witness": 1, "verified": False, "forged_lines": 0,
-                              "milestones": [], "libraries": [], "fits": [], "input_reads": [],
-                              "refused": [], "error": "reader: %r" % (e,)}
-line = json.dumps(status)
-while len(line) > STATUS_MAX and witness:
-    ev = status["evidence"]
-    longest = max(("fits", "input_reads", "refused", "libraries"), key=lambda k: len(ev[k]))
-    if not ev[longest]:
-        break
-    ev[longest].pop()
+# launch(cfg, cmd, start): the launcher's work; `start(cmd)` replaces the forked child with the
+# program and never returns (os.execv here; zygote.py runs it in the pre-imported interpreter).
+LAUNCH_DEFS = r"""
+def launch(cfg, cmd, start):
+    import json, os, resource, time
+    sfd = cfg["status_fd"]
+    witness = cfg.get("witness")
+    if cfg.get("uid") is not None:
+        os.setgroups([]); os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
+        os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+        assert os.getuid() != 0 and os.geteuid() != 0
+    try:  # not dumpable: the program (same uid) cannot reach our status pipe via /proc/PID/fd
+        import ctypes
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE; exec resets it for the child
+    except Exception:
+        pass
+    if witness:
+        key = os.urandom(32)
+        kr, kw = os.pipe()
+        os.write(kw, key)
+        os.close(kw)
+        er, ew = os.pipe()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(sfd)
+            if witness:
+                os.close(er)
+                n = 300 + int.from_bytes(os.urandom(2), "little") % 400
+                k2, e2 = n, n + 1 + int.from_bytes(os.urandom(1), "little")
+                os.dup2(kr, k2)
+                os.dup2(ew, e2)
+                os.close(kr)
+                os.close(ew)
+                cmd = [cmd[0], "-c", cfg["bootstrap"], str(k2), str(e2)] + cmd[1:]
+            if cfg.get("nice"):
+                os.nice(cfg["nice"])
+            for name, value in cfg["rlimits"].items():
+                resource.setrlimit(getattr(resource, name), (value, value))
+            start(cmd)
+        except BaseException as e:
+            os.write(2, ("sandbox launcher: cannot start program: %r\n" % (e,)).encode())
+        os._exit(127)
+    while True:
+        try:
+            _, st, ru = os.wait4(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    dt = time.monotonic() - t0
+    sig = os.WTERMSIG(st) if os.WIFSIGNALED(st) else None
+    code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else -sig
+    status = {"exit_code": code, "duration_s": dt, "maxrss_kb": ru.ru_maxrss,
+              "cpu_s": ru.ru_utime + ru.ru_stime}
+    if witness:
+        os.close(kr)
+        os.close(ew)
+        try:
+            status["evidence"] = read_evidence(er, key)
+        except Exception as e:
+            status["evidence"] = {"witness": 1, "verified": False, "forged_lines": 0,
+                                  "milestones": [], "libraries": [], "fits": [], "input_reads": [],
+                                  "refused": [], "error": "reader: %r" % (e,)}
     line = json.dumps(status)
-os.write(sfd, (line + "\n").encode())
-os._exit(code if code >= 0 else 128 + sig)
+    while len(line) > STATUS_MAX and witness:
+        ev = status["evidence"]
+        longest = max(("fits", "input_reads", "refused", "libraries"), key=lambda k: len(ev[k]))
+        if not ev[longest]:
+            break
+        ev[longest].pop()
+        line = json.dumps(status)
+    os.write(sfd, (line + "\n").encode())
+    return code if code >= 0 else 128 + sig
 """
-LAUNCHER_SOURCE = READER + f"\nSTATUS_MAX = {_STATUS_MAX}\n" + LAUNCHER_SOURCE
+LAUNCH_DEFS = READER + f"\nSTATUS_MAX = {_STATUS_MAX}\n" + LAUNCH_DEFS
+LAUNCHER_SOURCE = LAUNCH_DEFS + r"""
+import json, os, sys
+os._exit(launch(json.loads(sys.argv[1]), sys.argv[2:], lambda cmd: os.execv(cmd[0], cmd)))
+"""
 
 
 def launcher_argv(python: str, program: list[str], *, status_fd: int, rlimits: dict[str, int],
@@ -104,12 +111,19 @@ def launcher_argv(python: str, program: list[str], *, status_fd: int, rlimits: d
     witness: start `program` ([python, script, *args]) under the witness bootstrap.
     nice: added to the program's niceness (the launcher itself keeps the caller's).
     """
-    cfg: dict[str, Any] = {"status_fd": status_fd, "rlimits": rlimits, "uid": uid,
-                           "gid": gid if gid is not None else uid, "witness": bool(witness),
-                           "nice": int(nice)}
+    cfg = {"status_fd": status_fd, **launch_config(rlimits=rlimits, uid=uid, gid=gid,
+                                                    witness=witness, nice=nice)}
+    return [python, "-I", "-S", "-c", LAUNCHER_SOURCE, json.dumps(cfg), *program]
+
+
+def launch_config(*, rlimits: dict[str, int], uid: int | None = None, gid: int | None = None,
+                  witness: bool = True, nice: int = 0) -> dict[str, Any]:
+    """`launch`'s settings, less the status pipe."""
+    cfg: dict[str, Any] = {"rlimits": rlimits, "uid": uid, "gid": gid if gid is not None else uid,
+                           "witness": bool(witness), "nice": int(nice)}
     if witness:
         cfg["bootstrap"] = BOOTSTRAP
-    return [python, "-I", "-S", "-c", LAUNCHER_SOURCE, json.dumps(cfg), *program]
+    return cfg
 
 
 def parse_status(raw: bytes) -> dict[str, Any] | None:

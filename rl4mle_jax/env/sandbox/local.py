@@ -114,29 +114,38 @@ class RawRun:
 def run_process(argv: list[str], *, cwd: str | None, env: dict[str, str], timeout_s: float,
                 output_bytes: int, status_fd: tuple[int, int], pass_fds: tuple[int, ...] = (),
                 user: int | None = None, kill_tree: Callable[[], None] | None = None,
-                linger_s: float = 2.0, monitor: Any = None) -> RawRun:
+                linger_s: float = 2.0, monitor: Any = None,
+                start: Callable[[int], str | None] | None = None) -> RawRun:
     """Run argv to completion or timeout, capturing output without ever holding more than the cap.
 
     status_fd: (read end, write end) of the launcher's status pipe; the write end is passed on.
     kill_tree: kills whatever the run may have left behind (called on timeout and after exit).
     monitor: aggregate limits (limiter.RunLimiter): `start(pid)`, then `poll()` every ~50 ms
       returning "oom"/"disk" when the run must end.
+    start: called with the process's pid once it is spawned, while the status pipe's write end
+      is still open (then not passed to the process): zygote.py hands the run over here. It
+      returns an error text for the run's stderr, or None.
     """
     status_r, status_w = status_fd
     out, err, status_buf = OutputCapture(output_bytes), OutputCapture(output_bytes), bytearray()
     t0 = time.monotonic()
+    note = None
     try:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=cwd, env=env, pass_fds=(status_w, *pass_fds), start_new_session=True,
-            user=user, group=user, extra_groups=[] if user is not None else None)
+            cwd=cwd, env=env, pass_fds=((status_w,) if start is None else ()) + tuple(pass_fds),
+            start_new_session=True, user=user, group=user,
+            extra_groups=[] if user is not None else None)
+        if monitor is not None:
+            monitor.start(proc.pid)
+        if start is not None:
+            note = start(proc.pid)
     finally:
         os.close(status_w)
         for fd in pass_fds:
             os.close(fd)
-
-    if monitor is not None:
-        monitor.start(proc.pid)
+    if note is not None:
+        err.feed(f"sandbox: {note}\n".encode())
 
     def exited() -> bool:
         # WNOWAIT: the pid stays ours (not reaped, not reusable) until proc.wait() below, so

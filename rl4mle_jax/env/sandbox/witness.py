@@ -35,6 +35,7 @@ def _w():
     import sys, os, _thread, builtins
     g = sys.modules["__main__"].__dict__
     del g["_w"]
+    preloaded = g.pop("_preloaded", False)  # set by zygote.py, before this runs
     argv = sys.argv
     kfd, efd = int(argv[1]), int(argv[2])
     del argv[:3]
@@ -43,7 +44,7 @@ def _w():
     with open(path, "rb") as f:
         src = f.read()
     try:
-        _install(sys, os, _thread, builtins, kfd, efd, path)
+        _install(sys, os, _thread, builtins, kfd, efd, path, preloaded)
     except BaseException as e:
         try:
             msg = ("%s: %s" % (type(e).__name__, e)).encode("ascii", "replace")[:200]
@@ -63,7 +64,7 @@ def _w():
     return src, path, "exec"
 
 
-def _install(sys, os, _thread, builtins, kfd, efd, main_path):
+def _install(sys, os, _thread, builtins, kfd, efd, main_path, preloaded):
     import hmac, posix
     import importlib._bootstrap as ib
     import importlib._bootstrap_external as ibe
@@ -473,6 +474,18 @@ def _install(sys, os, _thread, builtins, kfd, efd, main_path):
             return orig_fal(name, import_)
         finally:
             audit("rl4mle.witness.import", 0)
+
+    if preloaded:
+        # A pre-imported interpreter (zygote.py) finds the libraries in sys.modules, where
+        # importing raises no "import" event: name the program's own imports of them here.
+        orig_import = builtins.__import__
+
+        def __import__(name, globals=None, locals=None, fromlist=(), level=0):
+            if level == 0 and type(name) is str and name in modules:
+                on_import(name)
+            return orig_import(name, globals, locals, fromlist, level)
+
+        builtins.__import__ = __import__
 
     sys.addaudithook(hook)
     ib._find_and_load = _find_and_load
