@@ -33,7 +33,7 @@ from ml_collections import config_dict
 
 from rl4mle_jax.env.instrument_lm import INSTRUMENT_MODES
 from rl4mle_jax.env.reward import RewardConfig
-from rl4mle_jax.env.sandbox import BACKENDS
+from rl4mle_jax.env.sandbox import BACKENDS, parse_preimport
 from rl4mle_jax.env.sandbox.common import Limits
 from rl4mle_jax.env.trim import TRIM_FIRST
 from rl4mle_jax.rl.learner_config import LearnerConfig
@@ -164,14 +164,21 @@ class SandboxConfig:
     nice: int = 0  # 0-19 added to each program's niceness (configs/task.py: the learner first)
     ray_inner: str = "bwrap"  # backend "ray": the sandbox each node runs
     ray_address: str | None = None  # backend "ray": cluster to join (None: $RAY_ADDRESS/local)
+    # backend "bwrap" as root: modules ("pandas,sklearn.ensemble") imported once by a zygote that
+    # forks each program into its run's sandbox (env/sandbox/zygote.py); "": fresh interpreters
+    preimport: str = ""
 
     def __post_init__(self):
         _need(self.backend in BACKENDS, "backend", f"{self.backend!r} is not one of {BACKENDS}")
         _need(self.timeout_s >= 0, "timeout_s", "must be >= 0 (0: the task's own limit)")
         _need(self.ray_inner in BACKENDS and self.ray_inner != "ray", "ray_inner",
               f"{self.ray_inner!r}: give a local backend of {BACKENDS}")
+        try:
+            parse_preimport(self.preimport)
+        except ValueError as e:
+            raise ConfigError("preimport", str(e)) from None
         limits = {k: v for k, v in dataclasses.asdict(self).items()
-                  if k not in ("backend", "ray_inner", "ray_address")}
+                  if k not in ("backend", "ray_inner", "ray_address", "preimport")}
         try:  # the sandbox's own checks of its limits
             Limits(**{**limits, "timeout_s": 1.0, "cpus": float(self.cpus)})
         except ValueError as e:

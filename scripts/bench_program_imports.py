@@ -17,11 +17,12 @@ and the imports' share of the whole; the last line, machine-readable:
 On a fast task this is what the loop's program CPU is: a fresh interpreter importing pandas and
 scikit-learn (scikit-learn imports scipy.stats) for a fit of milliseconds.
 
-`--forked` also measures what a pre-imported interpreter would save, *outside any sandbox*
-(a measurement of the potential, not a way to run untrusted code): each program runs once in a
-fresh `python -I` and once in a child forked from a helper interpreter that has already run
-every program's imports (`runpy` in the child, cwd a scratch copy of the run dir), and the CPU
-seconds of each are printed (`fresh_cpu_s=<median> forked_cpu_s=<median>`).
+`--preimport pandas,sklearn.ensemble,...` also runs each whole program through the same sandbox
+with that `preimport` (programs forked from a pre-imported interpreter, env/sandbox/zygote.py),
+interleaved with the fresh runs, and prints both the program's CPU seconds and the machine's:
+all cores' busy time over the run from /proc/stat, which also counts bwrap, the launcher or
+holder, and the zygote's fork (run it on an otherwise idle machine). Last line:
+`fresh_machine_cpu_s=<median> zygote_machine_cpu_s=<median> ratio=<zygote/fresh>`.
 """
 
 from __future__ import annotations
@@ -30,15 +31,11 @@ import argparse
 import ast
 import json
 import os
-import resource
-import shutil
 import statistics
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 from rl4mle_jax.env.execute import default_sandbox
+from rl4mle_jax.env.sandbox import Sandbox
 from rl4mle_jax.env.tasks import load_task
 
 BUILTIN = '''import pandas as pd
@@ -78,68 +75,24 @@ def run_programs(workdir: Path, n: int) -> list[str]:
     return [codes[int(i * step)] for i in range(min(n, len(codes)))]
 
 
-# The helper interpreter of --forked: runs the imports it is given, then for each run dir on
-# stdin forks a child that runs ./program.py there and prints the child's CPU seconds.
-_FORK_HELPER = r"""
-import json, os, runpy, sys
-exec(compile(sys.argv[1], "<imports>", "exec"), {})
-for line in sys.stdin:
-    pid = os.fork()
-    if pid == 0:
-        os.chdir(line.strip())
-        try:
-            runpy.run_path("program.py", run_name="__main__")
-        except BaseException:
-            os._exit(1)
-        os._exit(0)
-    _, status, usage = os.wait4(pid, 0)
-    print(json.dumps([status, usage.ru_utime + usage.ru_stime]), flush=True)
-"""
+def machine_busy_s() -> float:
+    """All cores' busy seconds since boot (/proc/stat: user, nice, system, irq, softirq, steal)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(fields[i] for i in (0, 1, 2, 5, 6, 7) if i < len(fields))
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
-def _run_dir(root: Path, i: int, code: str, input_dir: Path) -> Path:
-    d = root / f"run{i}"
-    shutil.rmtree(d, ignore_errors=True)
-    (d / "submission").mkdir(parents=True)
-    (d / "input").symlink_to(input_dir)
-    (d / "program.py").write_text(code)
-    return d
-
-
-def fresh_and_forked(codes: list[str], input_dir: Path) -> tuple[list[float], list[float]]:
-    """CPU seconds of each program in a fresh interpreter and forked from a pre-imported one
-    (no sandbox; 1 BLAS/OpenMP thread, as the sandbox sets for 1 core)."""
-    env = {**os.environ, **{k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                             "MKL_NUM_THREADS")}}
-    fresh, forked = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        for i, code in enumerate(codes):
-            d = _run_dir(root, i, code, input_dir)
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            subprocess.run([sys.executable, "-I", "program.py"], cwd=d, env=env, check=True,
-                           capture_output=True)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            fresh.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-        imports = "".join(dict.fromkeys(import_prelude(c) for c in codes))
-        dirs = "".join(f"{_run_dir(root, i, c, input_dir)}\n" for i, c in enumerate(codes))
-        out = subprocess.run([sys.executable, "-I", "-c", _FORK_HELPER, imports], input=dirs,
-                             env=env, text=True, capture_output=True, check=True).stdout
-        for line in out.splitlines():
-            status, cpu = json.loads(line)
-            if status != 0:
-                raise SystemExit("a forked program failed where its fresh run did not")
-            forked.append(cpu)
-    return fresh, forked
-
-
-def measure(sandbox, code: str, input_dir: Path) -> tuple[float, float]:
+def measure(sandbox, code: str, input_dir: Path) -> tuple[float, float, float]:
+    """(the program's CPU s, its wall s, the machine's busy CPU s over the whole run)."""
+    busy = machine_busy_s()
     res = sandbox.run(code, input_dir)
+    busy = machine_busy_s() - busy
     try:
         if res.status != "ok" or res.cpu_s is None:
             raise SystemExit(f"the program did not run cleanly ({res.status}): "
                              f"{(res.stderr or '')[-500:]}")
-        return res.cpu_s, res.duration_s
+        return res.cpu_s, res.duration_s, busy
     finally:
         res.cleanup()
 
@@ -150,45 +103,57 @@ def main():
     ap.add_argument("--workdir", default="", help="a run whose valid programs to measure")
     ap.add_argument("--programs", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--forked", action="store_true",
-                    help="also: fresh interpreter vs forked from a pre-imported one (no sandbox)")
+    ap.add_argument("--preimport", default="",
+                    help="also: each program forked from an interpreter that imported these")
     args = ap.parse_args()
     task = load_task(args.task)
     input_dir = task.input_dir("reward")
     codes = run_programs(Path(args.workdir), args.programs) if args.workdir else [BUILTIN]
     sandbox = default_sandbox(timeout_s=300.0, cpus=1.0)
+    zygote = None
+    if args.preimport:
+        zygote = Sandbox("bwrap", timeout_s=300.0, cpus=1.0, preimport=args.preimport)
     print(f"task {task.id}, {len(codes)} program(s), median of {args.repeats} rounds, "
-          f"sandbox {sandbox!r}")
+          f"sandbox {sandbox!r}" + (f", preimport {args.preimport}" if zygote else ""))
     print("| program | whole CPU s | imports CPU s | `pass` CPU s | imports share | "
-          "whole wall s | imports wall s |")
-    print("|---|---|---|---|---|---|---|")
-    shares, wholes, imports = [], [], []
+          "whole wall s | imports wall s | whole machine CPU s |"
+          + (" zygote CPU s | zygote wall s | zygote machine CPU s |" if zygote else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|---|" if zygote else ""))
+    shares, wholes, imports, fresh_busy, zygote_busy = [], [], [], [], []
     try:
         for i, code in enumerate(codes):
-            variants = {"whole": code, "imports": import_prelude(code), "pass": "pass\n"}
+            variants = {"whole": (sandbox, code), "imports": (sandbox, import_prelude(code)),
+                        "pass": (sandbox, "pass\n")}
+            if zygote is not None:
+                variants["zygote"] = (zygote, code)
             samples = {name: [] for name in variants}
             for _ in range(args.repeats):
-                for name, src in variants.items():
-                    samples[name].append(measure(sandbox, src, input_dir))
-            cpu = {k: statistics.median(c for c, _ in v) for k, v in samples.items()}
-            wall = {k: statistics.median(w for _, w in v) for k, v in samples.items()}
+                for name, (box, src) in variants.items():
+                    samples[name].append(measure(box, src, input_dir))
+            cpu, wall, busy = ({k: statistics.median(s[j] for s in v) for k, v in samples.items()}
+                               for j in range(3))
             share = cpu["imports"] / cpu["whole"]
             shares.append(share)
             wholes.append(cpu["whole"])
             imports.append(cpu["imports"])
-            print(f"| {i} | {cpu['whole']:.2f} | {cpu['imports']:.2f} | {cpu['pass']:.2f} | "
-                  f"{share:.2f} | {wall['whole']:.2f} | {wall['imports']:.2f} |", flush=True)
+            fresh_busy.append(busy["whole"])
+            row = (f"| {i} | {cpu['whole']:.2f} | {cpu['imports']:.2f} | {cpu['pass']:.2f} | "
+                   f"{share:.2f} | {wall['whole']:.2f} | {wall['imports']:.2f} | "
+                   f"{busy['whole']:.2f} |")
+            if zygote is not None:
+                zygote_busy.append(busy["zygote"])
+                row += f" {cpu['zygote']:.2f} | {wall['zygote']:.2f} | {busy['zygote']:.2f} |"
+            print(row, flush=True)
     finally:
         sandbox.close()
+        if zygote is not None:
+            zygote.close()
     print(f"imports_cpu_share={statistics.median(shares):.3f} "
           f"program_cpu_s={statistics.median(wholes):.3f} "
           f"imports_cpu_s={statistics.median(imports):.3f}")
-    if args.forked:
-        fresh, forked = fresh_and_forked(codes, input_dir)
-        print("fresh interpreter CPU s: " + ", ".join(f"{x:.2f}" for x in fresh))
-        print("forked, pre-imported CPU s: " + ", ".join(f"{x:.2f}" for x in forked))
-        print(f"fresh_cpu_s={statistics.median(fresh):.3f} "
-              f"forked_cpu_s={statistics.median(forked):.3f}")
+    if zygote is not None:
+        f, z = statistics.median(fresh_busy), statistics.median(zygote_busy)
+        print(f"fresh_machine_cpu_s={f:.3f} zygote_machine_cpu_s={z:.3f} ratio={z / f:.3f}")
 
 
 if __name__ == "__main__":

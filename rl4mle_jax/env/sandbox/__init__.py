@@ -62,7 +62,8 @@ class Sandbox:
     (default: $RAY_ADDRESS, else a local Ray started here; see ray_backend.py).
     preimport: modules ("pandas,sklearn.ensemble" or a tuple) that the "bwrap" backend imports
     once into a zygote, which forks each program into its run's sandbox instead of a fresh
-    interpreter re-importing them (root only; see zygote.py).
+    interpreter re-importing them (as root; a normal user's runs start fresh, and say so in their
+    warnings; see zygote.py).
     """
 
     def __init__(self, backend: str = "bwrap", timeout_s: float = 300.0,
@@ -72,11 +73,13 @@ class Sandbox:
                  python: str | None = None, work_root: str | Path | None = None,
                  image: str = "rl4mle-sandbox:local", max_concurrency: int = 64,
                  docker_client: Any = None, ray_inner: str = "bwrap",
-                 ray_address: str | None = None, preimport: tuple[str, ...] | str = ()):
+                 ray_address: str | None = None, preimport: str | tuple[str, ...] = ""):
         if backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {BACKENDS}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if preimport and backend != "bwrap":
+            raise ValueError(f"preimport is a feature of the bwrap backend, not {backend!r}")
         self.backend_name = backend
         self.limits = Limits(timeout_s=float(timeout_s), memory_mb=memory_mb, cpus=float(cpus),
                              max_procs=max_procs, max_file_mb=max_file_mb,
@@ -97,8 +100,6 @@ class Sandbox:
             from rl4mle_jax.env.sandbox.ray_backend import RayBackend
 
             self._backend = RayBackend(self.work_root, inner=ray_inner, address=ray_address)
-        elif preimport:
-            raise ValueError(f"preimport is a feature of the bwrap backend, not {backend!r}")
         else:
             from rl4mle_jax.env.sandbox.docker_backend import DockerBackend
 
@@ -147,4 +148,6 @@ class Sandbox:
 
     def __repr__(self) -> str:
         mech = getattr(self._backend, "mechanism", "?")
-        return f"Sandbox(backend={self.backend_name!r}, limits by {mech}, {self.limits})"
+        zygote = getattr(self._backend, "zygote", None)
+        pre = f", programs forked from a zygote preloading {zygote.modules}" if zygote else ""
+        return f"Sandbox(backend={self.backend_name!r}, limits by {mech}{pre}, {self.limits})"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import glob
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -47,6 +48,8 @@ from rl4mle_jax.env.sandbox.result import ExecResult
 from rl4mle_jax.env.sandbox.seccomp import build_filter, filter_fd
 from rl4mle_jax.env.sandbox.staging import stage_input
 from rl4mle_jax.env.sandbox.zygote import Handoff, Zygote
+
+log = logging.getLogger(__name__)
 
 SANDBOX_WORKDIR = "/workdir"
 _SYSTEM_TOP = ("/usr",)
@@ -258,12 +261,14 @@ class BwrapBackend:
         self._checked = False
         self._check_lock = threading.Lock()
         self.zygote: Zygote | None = None
-        if preimport:
-            if not self.privileged:
-                raise RuntimeError(
-                    "preimport needs privileged bwrap (root): as a normal user each run lives in "
-                    "its own user namespace, which a pre-imported interpreter cannot enter; "
-                    "leave preimport empty")
+        self.notes: list[str] = []
+        if preimport and not self.privileged:
+            # As a normal user each run lives in its own user namespace, which a sibling cannot
+            # enter: fresh interpreters, as without preimport, and every result says so.
+            self.notes.append("preimport ignored: forking from a pre-imported interpreter "
+                              "needs root (privileged bwrap); programs start fresh")
+            log.warning("sandbox: %s", self.notes[-1])
+        elif preimport:
             self.zygote = Zygote(
                 functools.partial(zygote_bwrap_argv, bwrap=self.bwrap, layout=self.layout),
                 tuple(preimport), sandbox_env(1, self._path(), self._extra_env({})),
@@ -315,7 +320,7 @@ class BwrapBackend:
         limiter = None
         try:
             wd = prepare_workdir(code, workdir, self.work_root, owner=uid, limits=limits)
-            warnings = input_warnings(input_dir, check_others=uid is not None)
+            warnings = self.notes + input_warnings(input_dir, check_others=uid is not None)
             inner_uid = uid if uid is not None else 1000
             # A staged copy: mountinfo names the bind source, which must not be the task's path.
             staged = stage_input(Path(input_dir), self.work_root)

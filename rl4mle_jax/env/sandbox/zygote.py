@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import select
+import signal
 import socket
 import subprocess
 import threading
@@ -241,7 +242,8 @@ class Zygote:
         self.seccomp = seccomp
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | None = None  # bwrap, whose child is the zygote
+        self._pidfd = -1  # the zygote itself
         self.loaded: list[str] = []
         self.failed: list[str] = []
         self.starts = 0
@@ -274,6 +276,7 @@ class Zygote:
         # Its stderr is only read at a failed start; from now on it must not fill a pipe.
         self._proc.stderr.close()
         info = json.loads(hello)
+        self._pidfd = os.pidfd_open(int(info["pid"]))
         self.loaded, self.failed = info["loaded"], info["failed"]
         for f in self.failed:
             log.warning("sandbox zygote: not preloaded: %s", f)
@@ -309,8 +312,15 @@ class Zygote:
 
     def _stop(self) -> None:
         if self._sock is not None:
-            self._sock.close()
+            self._sock.close()  # the zygote exits when it reads the end of its socket
             self._sock = None
+        if self._pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.close(self._pidfd)
+            self._pidfd = -1
         if self._proc is not None:
             try:
                 self._proc.kill()
