@@ -253,3 +253,17 @@ def test_without_root_programs_start_fresh_and_say_so(monkeypatch, plain_input, 
     res = sb.run("print(1)", plain_input)  # bwrap's unprivileged mode (a user namespace)
     assert res.stdout.strip() == "1" and any("preimport ignored" in w for w in res.warnings)
     sb.close()
+
+
+def test_a_zygote_that_runs_threads_is_refused_with_the_reason(monkeypatch, plain_input,
+                                                               tmp_path):
+    from rl4mle_jax.env.sandbox import zygote
+
+    # as a preloaded module that starts a thread at import would
+    threaded = ("import threading, time\n"
+                "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")
+    monkeypatch.setattr(zygote, "ZYGOTE_SOURCE", threaded + zygote.ZYGOTE_SOURCE)
+    sb = Sandbox("bwrap", preimport=("json",), work_root=tmp_path)
+    with pytest.raises(RuntimeError, match="runs 2 threads after its imports"):
+        sb.run("print(1)", plain_input)
+    sb.close()

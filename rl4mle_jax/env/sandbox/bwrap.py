@@ -202,7 +202,8 @@ def zygote_bwrap_argv(*, bwrap: str, layout: PythonLayout) -> tuple[list[str], l
         args += ["--cap-add", cap]
     _system_mounts(p, layout, 0)
     p.bind("/sys/devices/system/cpu", "/sys/devices/system/cpu", try_=True)
-    args += p.args + ["--dev", "/dev", "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/"]
+    args += p.args + ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--remount-ro", "/",
+                      "--chdir", "/"]
     return args + [layout.inner_exe], p.fds
 
 

@@ -44,6 +44,7 @@ import select
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from typing import Any
@@ -58,7 +59,8 @@ HANDOFF_TIMEOUT_S = 60.0  # bwrap's set-up of one run
 _MSG_MAX = 1 << 20
 
 # The sandboxed command of a run: drop to the run's uid, say "ready", wait for the hold pipe's
-# EOF (the zygote's child closes it when the program has ended).
+# EOF (the zygote's child writes the launcher's exit code there when the program has ended) and
+# exit with that code, as bwrap's launcher would; 127 if nobody started the program.
 HOLDER_SOURCE = r"""
 import os, sys
 uid, ready, hold = (int(a) for a in sys.argv[1:4])
@@ -66,8 +68,13 @@ if uid >= 0:
     os.setgroups([]); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)
 os.write(ready, b"1")
 os.close(ready)
-while os.read(hold, 1):
-    pass
+said = b""
+while len(said) < 16:
+    b = os.read(hold, 16)
+    if not b:
+        break
+    said += b
+os._exit(int(said) if said.isdigit() and int(said) < 256 else 127)
 """
 
 ZYGOTE_MAIN = r"""
@@ -189,13 +196,22 @@ def _child(req, fds):
     cfg = dict(req["launch"], status_fd=fd.pop("status"))
     env = req["env"]
     code = launch(cfg, req["cmd"], lambda cmd: _run_program(cmd, env))
+    os.write(fd.pop("hold"), str(code).encode())  # the holder exits with it
     os._exit(code)
 
 
 gc.collect()
 gc.freeze()
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-_sock.send(json.dumps({"pid": os.getpid(), "loaded": _loaded, "failed": _failed}).encode())
+# fork() copies only the calling thread: a module that started threads (native ones included)
+# would leave its locks held in every child, so the host refuses such a zygote.
+_threads = len(os.listdir("/proc/self/task"))
+_sock.send(json.dumps({"pid": os.getpid(), "loaded": _loaded, "failed": _failed,
+                       "threads": _threads}).encode())
+_null = os.open("/dev/null", os.O_WRONLY)
+os.dup2(_null, 1)
+os.dup2(_null, 2)
+os.close(_null)
 while True:
     try:
         _msg, _fds, _, _ = socket.recv_fds(_sock, __MSG_MAX__, 64)
@@ -253,30 +269,33 @@ class Zygote:
         args, fds = self._argv_fn()
         cfg = {"sock_fd": child.fileno(), "modules": list(self.modules),
                "seccomp": self.seccomp.hex() if self.seccomp else None}
-        try:
-            self._proc = subprocess.Popen(
-                [*args, "-c", ZYGOTE_SOURCE, json.dumps(cfg)], stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=self.env,
-                pass_fds=(child.fileno(), *fds), start_new_session=True)
-        finally:
-            child.close()
-            for fd in fds:
-                os.close(fd)
-        parent.settimeout(START_TIMEOUT_S)
-        try:
-            hello = parent.recv(_MSG_MAX)
-        except OSError as e:
-            hello = b""
-            log.warning("sandbox zygote: no answer (%s)", e)
-        if not hello:
-            self._proc.kill()
-            err = self._proc.communicate(timeout=10)[1].decode(errors="replace")
-            parent.close()
-            raise ZygoteError(f"the pre-imported interpreter did not start: {err[-2000:]}")
-        # Its stderr is only read at a failed start; from now on it must not fill a pipe.
-        self._proc.stderr.close()
-        info = json.loads(hello)
-        self._pidfd = os.pidfd_open(int(info["pid"]))
+        with tempfile.TemporaryFile() as err:  # what bwrap or the imports said, if it fails
+            try:
+                self._proc = subprocess.Popen(
+                    [*args, "-c", ZYGOTE_SOURCE, json.dumps(cfg)], stdin=subprocess.DEVNULL,
+                    stdout=err, stderr=err, env=self.env, pass_fds=(child.fileno(), *fds),
+                    start_new_session=True)
+            finally:
+                child.close()
+                for fd in fds:
+                    os.close(fd)
+            parent.settimeout(START_TIMEOUT_S)
+            try:
+                hello = parent.recv(_MSG_MAX)
+            except OSError as e:
+                hello = b""
+                log.warning("sandbox zygote: no answer (%s)", e)
+            info = json.loads(hello) if hello else {}
+            if info:
+                self._pidfd = os.pidfd_open(int(info["pid"]))
+            if not info or info["threads"] != 1:
+                self._sock = parent
+                self._stop()
+                err.seek(0)
+                said = err.read()[-2000:].decode(errors="replace")
+                why = (f"it runs {info['threads']} threads after its imports (fork copies one: "
+                       "leave out the modules that start threads)" if info else said)
+                raise ZygoteError(f"the pre-imported interpreter did not start: {why}")
         self.loaded, self.failed = info["loaded"], info["failed"]
         for f in self.failed:
             log.warning("sandbox zygote: not preloaded: %s", f)
