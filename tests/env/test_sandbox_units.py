@@ -288,3 +288,31 @@ def test_seccomp_filter_shape():
         prog = build_filter(machine)
         assert prog is not None and len(prog) % 8 == 0 and 20 < len(prog) // 8 < 64
     assert build_filter("sparc64") is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a process of another uid")
+def test_uid_pool_skips_a_uid_whose_killed_processes_are_not_reaped_yet(tmp_path):
+    import time
+
+    from rl4mle_jax.env.sandbox.local import UidPool, pids_of_uid
+
+    base = 970000 + os.getpid() % 1000 * 4
+    pid = os.fork()
+    if pid == 0:
+        os.setresuid(base, base, base)
+        os._exit(0)
+    try:
+        for _ in range(200):  # a zombie of uid `base` until we reap it
+            if pids_of_uid(base, zombies=True):
+                break
+            time.sleep(0.01)
+        assert pids_of_uid(base, zombies=True) == [pid] and pids_of_uid(base) == []
+        pool = UidPool(base=base, count=2, lock_dir=tmp_path)
+        uid, fd = pool.acquire()
+        assert uid == base + 1  # its RLIMIT_NPROC still counts the zombie
+        pool.release(uid, fd)
+    finally:
+        os.waitpid(pid, 0)
+    uid, fd = pool.acquire()
+    assert uid == base
+    pool.release(uid, fd)

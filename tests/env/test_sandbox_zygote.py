@@ -267,3 +267,44 @@ def test_a_zygote_that_runs_threads_is_refused_with_the_reason(monkeypatch, plai
     with pytest.raises(RuntimeError, match="runs 2 threads after its imports"):
         sb.run("print(1)", plain_input)
     sb.close()
+
+
+# Looks for the witness key in every frame below its own (a forked program's stack holds the
+# launcher's and the zygote's frames) and signs a trained model with each 32-byte candidate.
+KEY_HUNTER = """
+import hashlib, hmac, json, os, stat, sys
+cands, f = [], sys._getframe()
+while f is not None:
+    for scope in (f.f_locals, f.f_globals):
+        for v in list(scope.values()):
+            vals = list(v.values()) if isinstance(v, dict) else [v]
+            cands += [x for x in vals if isinstance(x, (bytes, bytearray)) and len(x) == 32]
+    f = f.f_back
+fds = []
+for fd in range(3, 1024):
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fds.append(fd)
+    except OSError:
+        pass
+for key in cands:
+    for seq, (kind, detail) in enumerate([("m", "model_trained"), ("f", "forged.fit")], 1):
+        body = ("%d 99999 %s %s" % (seq, kind, detail)).encode()
+        line = body + b" " + hmac.new(bytes(key), body, "sha256").hexdigest().encode() + b"\\n"
+        for fd in fds:
+            try:
+                os.write(fd, line)
+            except OSError:
+                pass
+print(json.dumps({"candidates": len(cands), "fds": fds}))
+"""
+
+
+@pytest.mark.parametrize("which", ["forked", "fresh"])
+def test_the_witness_key_is_not_in_the_programs_memory(sandboxes, plain_input, which):
+    sb = dict(zip(("forked", "fresh"), sandboxes))[which]
+    res = sb.run(KEY_HUNTER, plain_input)
+    assert res.status == "ok", res.stderr[-2000:]
+    assert "model_trained" not in res.evidence["milestones"], (res.stdout, res.evidence)
+    assert "forged.fit" not in res.evidence["fits"]
+    res.cleanup()

@@ -38,10 +38,7 @@ def launch(cfg, cmd, start):
     except Exception:
         pass
     if witness:
-        key = os.urandom(32)
         kr, kw = os.pipe()
-        os.write(kw, key)
-        os.close(kw)
         er, ew = os.pipe()
     t0 = time.monotonic()
     pid = os.fork()
@@ -50,6 +47,7 @@ def launch(cfg, cmd, start):
             os.close(sfd)
             if witness:
                 os.close(er)
+                os.close(kw)
                 n = 300 + int.from_bytes(os.urandom(2), "little") % 400
                 k2, e2 = n, n + 1 + int.from_bytes(os.urandom(1), "little")
                 os.dup2(kr, k2)
@@ -65,6 +63,12 @@ def launch(cfg, cmd, start):
         except BaseException as e:
             os.write(2, ("sandbox launcher: cannot start program: %r\n" % (e,)).encode())
         os._exit(127)
+    if witness:
+        # Made after the fork, so that no copy of it is in the program's memory (zygote.py's
+        # programs are forks that never exec); the bootstrap's first read waits for it.
+        key = os.urandom(32)
+        os.write(kw, key)
+        os.close(kw)
     while True:
         try:
             _, st, ru = os.wait4(pid, 0)

@@ -50,6 +50,11 @@ class UidPool:
                 os.close(fd)
                 continue
             kill_uid(uid)  # a crashed earlier holder may have left processes behind
+            if pids_of_uid(uid, zombies=True):
+                # killed but not yet reaped by their parent: they still count against this
+                # uid's RLIMIT_NPROC, so a run here could not fork. Take the next uid.
+                os.close(fd)
+                continue
             return uid, fd
         raise RuntimeError(f"all {self.count} sandbox uids from {self.base} are in use")
 
@@ -58,9 +63,10 @@ class UidPool:
         os.close(fd)  # drops the flock
 
 
-def pids_of_uid(uid: int) -> list[int]:
+def pids_of_uid(uid: int, zombies: bool = False) -> list[int]:
     """Live processes whose real or effective uid is `uid` (read from status: /proc/PID itself
-    is owned by root for processes that changed uid and are no longer dumpable)."""
+    is owned by root for processes that changed uid and are no longer dumpable); with `zombies`
+    also the dead ones not yet reaped."""
     pids, want = [], str(uid)
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -70,7 +76,8 @@ def pids_of_uid(uid: int) -> list[int]:
                 zombie = False
                 for line in f:
                     if line.startswith(b"State:"):
-                        zombie = line.split()[1] in (b"Z", b"X")  # dead, waiting to be reaped
+                        # dead, waiting to be reaped
+                        zombie = line.split()[1] in (b"Z", b"X") and not zombies
                     elif line.startswith(b"Uid:"):
                         if not zombie and want in line.decode().split()[1:3]:
                             pids.append(int(entry.name))
