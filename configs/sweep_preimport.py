@@ -1,5 +1,5 @@
-"""Programs forked from a pre-imported interpreter (env.preimport, sandbox/zygote.py) against
-fresh interpreters (the default): what the loop does with the CPU the programs' imports took.
+"""Programs forked from a pre-imported interpreter (env.preimport, sandbox/zygote.py, now the
+default) against fresh interpreters: what the loop does with the CPU the programs' imports took.
 
 A fresh program spends ~2.6 of its ~3.4 CPU-s importing pandas and scikit-learn
 (scripts/bench_program_imports.py); forked from the zygote the machine spends 0.91 CPU-s per run
@@ -16,15 +16,11 @@ Launch (resumes; ~9 min per run on 2 cores; root, for the zygote):
 import ml_collections
 
 from configs.sweep_base import sweep_config
-
-# What the warm start's programs import (every program of the default runs imports the first
-# eleven; text tasks the TF-IDF vectoriser), and scikit-learn's usual companions.
-PREIMPORT = ("numpy,pandas,sklearn.naive_bayes,sklearn.ensemble,sklearn.linear_model,"
-             "sklearn.pipeline,sklearn.model_selection,sklearn.compose,sklearn.preprocessing,"
-             "sklearn.impute,sklearn.neighbors,sklearn.feature_extraction.text,sklearn.metrics,"
-             "sklearn.svm,sklearn.tree")
+from configs.task import PREIMPORT
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    return sweep_config({"preimport": (("env.preimport", PREIMPORT),), "default": ()},
-                        seeds=(5, 6, 7), arg=arg)
+    # "default": fresh interpreters, the default when this sweep ran (commit ef980fb); both
+    # variants are explicit so that a re-run compares the same two.
+    return sweep_config({"preimport": (("env.preimport", PREIMPORT),),
+                         "default": (("env.preimport", ""),)}, seeds=(5, 6, 7), arg=arg)

@@ -54,6 +54,12 @@ class Components:
     # Empty for one task.
     views: dict = dataclasses.field(default_factory=dict)
 
+    def close(self) -> None:
+        """Closes the sandboxes (their threads and pre-imported interpreters)."""
+        for box in {id(b): b for b in (self.sandbox, *(v.sandbox for v in self.views.values()))
+                    }.values():
+            box.close()
+
 
 def task_views(comps: Components) -> dict[str, Components]:
     """task id -> the run's components for that task (one entry for a single-task run)."""

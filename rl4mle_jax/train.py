@@ -159,6 +159,14 @@ def train(config: Any, workdir: str | Path, shared_evals: str | Path | None = No
     _write_provenance(workdir, host_allocator)
     log.info("host allocator: %s", host_allocator)
     comps = build_components(config, workdir)
+    try:
+        return _train(config, workdir, comps, shared_evals)
+    finally:
+        comps.close()  # the sandboxes' threads and pre-imported interpreters
+
+
+def _train(config: Any, workdir: Path, comps: Components,
+           shared_evals: str | Path | None) -> dict[str, Any]:
     key = jax.random.PRNGKey(config.seed)
     n, temp, slots = config.run.eval_samples, config.sampling.temperature, config.run.slots
     # The evaluations sample the policy as the loop does: the same truncation.

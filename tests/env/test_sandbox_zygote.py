@@ -241,8 +241,15 @@ def test_preimport_is_checked():
     assert parse_preimport(" pandas, sklearn.ensemble ,") == ("pandas", "sklearn.ensemble")
     with pytest.raises(ValueError, match="not module names"):
         parse_preimport("os; rm -rf /")
-    with pytest.raises(ValueError, match="feature of the bwrap backend"):
-        Sandbox("subprocess", preimport=("numpy",))
+    with pytest.raises(ValueError, match="not module names"):
+        Sandbox("bwrap", preimport="numpy,os.path/..")
+
+
+def test_other_backends_start_programs_fresh_and_say_so(caplog):
+    with caplog.at_level("WARNING"):
+        sb = Sandbox("subprocess", preimport=("numpy",))
+    assert "preimport is a feature of the bwrap backend" in caplog.text
+    sb.close()
 
 
 def test_without_root_programs_start_fresh_and_say_so(monkeypatch, plain_input, tmp_path):
@@ -308,3 +315,23 @@ def test_the_witness_key_is_not_in_the_programs_memory(sandboxes, plain_input, w
     assert "model_trained" not in res.evidence["milestones"], (res.stdout, res.evidence)
     assert "forged.fit" not in res.evidence["fits"]
     res.cleanup()
+
+
+def test_a_sandbox_that_fails_to_start_ends_the_run_at_once(monkeypatch, plain_input, tmp_path):
+    from rl4mle_jax.env.sandbox import bwrap
+
+    sb = Sandbox("bwrap", preimport=("json",), work_root=tmp_path)
+    assert sb.run("print(1)", plain_input).stdout.strip() == "1"  # checked, zygote started
+    real = bwrap.bwrap_argv
+
+    def broken(**kw):
+        args, fds = real(**kw)
+        return args + ["--no-such-bwrap-option"], fds
+
+    monkeypatch.setattr(bwrap, "bwrap_argv", broken)
+    t = time.monotonic()
+    res = sb.run("print(1)", plain_input)
+    assert res.status == "error" and res.exit_code != 0, res
+    assert "bwrap reported no sandbox" in res.stderr and "no-such-bwrap-option" in res.stderr
+    assert time.monotonic() - t < 10  # not the hand-over's 60 s timeout
+    sb.close()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +32,8 @@ from typing import Any
 
 from rl4mle_jax.env.sandbox.common import Limits, default_work_root
 from rl4mle_jax.env.sandbox.result import STATUSES, ExecResult
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Sandbox", "ExecResult", "STATUSES", "BACKENDS"]
 
@@ -63,7 +66,7 @@ class Sandbox:
     preimport: modules ("pandas,sklearn.ensemble" or a tuple) that the "bwrap" backend imports
     once into a zygote, which forks each program into its run's sandbox instead of a fresh
     interpreter re-importing them (as root; a normal user's runs start fresh, and say so in their
-    warnings; see zygote.py).
+    warnings; other backends ignore it with a warning; see zygote.py).
     """
 
     def __init__(self, backend: str = "bwrap", timeout_s: float = 300.0,
@@ -78,8 +81,11 @@ class Sandbox:
             raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {BACKENDS}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        preimport = parse_preimport(preimport)
         if preimport and backend != "bwrap":
-            raise ValueError(f"preimport is a feature of the bwrap backend, not {backend!r}")
+            # an optimisation, not a change of what runs: other backends start programs fresh
+            log.warning("sandbox: preimport is a feature of the bwrap backend; the %s backend "
+                        "starts every program fresh", backend)
         self.backend_name = backend
         self.limits = Limits(timeout_s=float(timeout_s), memory_mb=memory_mb, cpus=float(cpus),
                              max_procs=max_procs, max_file_mb=max_file_mb,
@@ -91,7 +97,7 @@ class Sandbox:
             from rl4mle_jax.env.sandbox.bwrap import BwrapBackend
 
             self._backend: Any = BwrapBackend(self.python, self.work_root,
-                                              preimport=parse_preimport(preimport))
+                                              preimport=preimport)
         elif backend == "subprocess":
             from rl4mle_jax.env.sandbox.subprocess_backend import SubprocessBackend
 

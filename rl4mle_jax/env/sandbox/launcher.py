@@ -7,9 +7,13 @@ line to a status pipe: exit code or signal, the program's own wall-clock, its CP
 system, its own and its reaped children's) and its peak RSS.
 
 With `witness` (the default) the program is started under the witness bootstrap (witness.py):
-the launcher makes a fresh key, hands it over through a pipe read once by the bootstrap, keeps
-the read end of the evidence pipe, verifies every line after the program exits and adds the
-summary to the status line as "evidence".
+the launcher makes a fresh key (after the fork: the program's memory never holds a copy),
+hands it over through a pipe read once by the bootstrap, keeps the read end of the evidence
+pipe, verifies every line after the program exits and adds the summary to the status line as
+"evidence".
+
+The same `launch` runs in zygote.py's children, whose `start` runs the program in the forked,
+pre-imported interpreter instead of exec.
 """
 
 from __future__ import annotations

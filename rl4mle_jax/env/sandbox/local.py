@@ -136,23 +136,28 @@ def run_process(argv: list[str], *, cwd: str | None, env: dict[str, str], timeou
     status_r, status_w = status_fd
     out, err, status_buf = OutputCapture(output_bytes), OutputCapture(output_bytes), bytearray()
     t0 = time.monotonic()
-    note = None
+    proc = None
     try:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             cwd=cwd, env=env, pass_fds=((status_w,) if start is None else ()) + tuple(pass_fds),
             start_new_session=True, user=user, group=user,
             extra_groups=[] if user is not None else None)
-        if monitor is not None:
-            monitor.start(proc.pid)
-        if start is not None:
-            note = start(proc.pid)
     finally:
-        os.close(status_w)
-        for fd in pass_fds:
+        for fd in pass_fds:  # the child's now: a pipe it never writes reads as EOF here
             os.close(fd)
-    if note is not None:
-        err.feed(f"sandbox: {note}\n".encode())
+        if start is None or proc is None:
+            os.close(status_w)
+
+    if monitor is not None:
+        monitor.start(proc.pid)
+    if start is not None:
+        try:
+            note = start(proc.pid)
+        finally:
+            os.close(status_w)
+        if note is not None:
+            err.feed(f"sandbox: {note}\n".encode())
 
     def exited() -> bool:
         # WNOWAIT: the pid stays ours (not reaped, not reusable) until proc.wait() below, so

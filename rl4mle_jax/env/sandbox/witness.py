@@ -17,6 +17,10 @@ Not witnessed: pythons started as subprocesses (no hooks, and they do not inheri
 fd), fits that run in threads other than the main one (the top-level fit almost always runs in
 the main thread; the audit hook still sees imports and opens of every thread), and library code
 run while an import is in progress. All of these only lose evidence, they never create it.
+
+In a program forked from a pre-imported interpreter (zygote.py sets `_preloaded`), importing a
+module already in sys.modules raises no "import" event, so `__import__` is wrapped to name the
+program's own imports of them; `importlib.import_module` of a preloaded module goes unseen.
 """
 
 from __future__ import annotations
