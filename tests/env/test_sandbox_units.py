@@ -290,20 +290,34 @@ def test_seccomp_filter_shape():
     assert build_filter("sparc64") is None
 
 
+# A helper whose child takes the uid and exits; the helper never reaps it (this test process
+# may reap every child it has: asyncio's watchers, SIGCHLD ignored by a library).
+_ZOMBIE_MAKER = """
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    os.setresuid(int(sys.argv[1]), int(sys.argv[1]), int(sys.argv[1]))
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(60)
+"""
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="makes a process of another uid")
 def test_uid_pool_skips_a_uid_whose_killed_processes_are_not_reaped_yet(tmp_path):
+    import subprocess
+    import sys
     import time
 
     from rl4mle_jax.env.sandbox.local import UidPool, pids_of_uid
 
     base = 970000 + os.getpid() % 1000 * 4
-    pid = os.fork()
-    if pid == 0:
-        os.setresuid(base, base, base)
-        os._exit(0)
+    maker = subprocess.Popen([sys.executable, "-c", _ZOMBIE_MAKER, str(base)],
+                             stdout=subprocess.PIPE, text=True)
     try:
-        for _ in range(200):  # a zombie of uid `base` until we reap it
-            if pids_of_uid(base, zombies=True):
+        pid = int(maker.stdout.readline())
+        for _ in range(500):  # a zombie of uid `base` (once it has exited) until its parent goes
+            if pids_of_uid(base, zombies=True) and not pids_of_uid(base):
                 break
             time.sleep(0.01)
         assert pids_of_uid(base, zombies=True) == [pid] and pids_of_uid(base) == []
@@ -312,7 +326,12 @@ def test_uid_pool_skips_a_uid_whose_killed_processes_are_not_reaped_yet(tmp_path
         assert uid == base + 1  # its RLIMIT_NPROC still counts the zombie
         pool.release(uid, fd)
     finally:
-        os.waitpid(pid, 0)
+        maker.kill()
+        maker.wait()
+    for _ in range(200):  # reparented to init, which reaps it
+        if not pids_of_uid(base, zombies=True):
+            break
+        time.sleep(0.01)
     uid, fd = pool.acquire()
-    assert uid == base
+    assert uid == base or pids_of_uid(base, zombies=True)  # free again once reaped
     pool.release(uid, fd)
