@@ -3,8 +3,15 @@ classes, the record fields that must agree, and the telco-churn task they run on
 
 import textwrap
 
+from rl4mle_jax.env.execute import run_and_grade
 from rl4mle_jax.env.tasks import prepare_task
-from tests.env.test_execute import CONSTANT, FORGERS, SECRET, _link_program
+from tests.env.test_execute import (
+    CONSTANT,
+    FORGERS,
+    SECRET,
+    _assert_no_host_content,
+    _link_program,
+)
 from tests.env.test_reward_hacking import FAKE_NONCE, FIT_NOT_REACHED, PRINT_STRINGS
 
 KEYS = ("status", "failure_reason", "reward", "milestones", "score", "submission_exists")
@@ -75,3 +82,15 @@ def record(run) -> dict:
     """The fields of a run's reward record that every backend must agree on."""
     rec = run.reward.to_dict()
     return {k: rec[k] for k in KEYS}
+
+
+def assert_hostile_record_as_reference(name: str, task, tmp_path, sandbox, reference):
+    """Runs hostile class `name` in `sandbox` and in `reference`: not valid, the same record,
+    nothing of the host in it. Returns the sandbox's run for the backend's own checks."""
+    code, split = hostile_program(name, task, tmp_path)
+    run = run_and_grade(code, task, sandbox, split=split)
+    want = run_and_grade(code, task, reference, split=split)
+    assert run.reward.status != "valid", run.reward.to_json()
+    assert record(run) == record(want), (run.exec["stderr"][-800:], want.exec["stderr"][-800:])
+    _assert_no_host_content(run, task, split)
+    return run

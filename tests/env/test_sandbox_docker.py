@@ -28,11 +28,11 @@ from rl4mle_jax.env.sandbox.docker_backend import DEFAULT_IMAGE, LABEL  # noqa: 
 from tests.env.backend_parity import (  # noqa: E402
     HOSTILE,
     HOSTILE_MORE,
-    hostile_program,
+    assert_hostile_record_as_reference,
     record,
     task_for_tests,
 )
-from tests.env.test_execute import HONEST, _assert_no_host_content  # noqa: E402
+from tests.env.test_execute import HONEST  # noqa: E402
 
 LOCAL = "bwrap" if shutil.which("bwrap") else "subprocess"
 HOW = "start an engine and build the image with `bash scripts/docker_engine.sh start` (as root)"
@@ -109,12 +109,7 @@ def test_honest_program_same_record_as_bwrap(engine, task, sandboxes):
 @pytest.mark.parametrize("name", HOSTILE + HOSTILE_MORE)  # the ray test's and four more
 def test_hostile_programs_get_the_localrecord(engine, task, sandboxes, tmp_path, name):
     dock, local = sandboxes
-    code, split = hostile_program(name, task, tmp_path)
-    run = run_and_grade(code, task, dock, split=split)
-    want = run_and_grade(code, task, local, split=split)
-    assert run.reward.status != "valid", run.reward.to_json()
-    assert record(run) == record(want), (run.exec["stderr"][-800:], want.exec["stderr"][-800:])
-    _assert_no_host_content(run, task, split)
+    run = assert_hostile_record_as_reference(name, task, tmp_path, dock, local)
     if name == "fork_bomb":
         forked = re.search(r"fork refused after (\d+)", run.exec["stdout"])
         assert forked and int(forked.group(1)) < 256, run.exec["stdout"][-500:]  # pids_limit

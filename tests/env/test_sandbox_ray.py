@@ -16,8 +16,13 @@ ray = pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'"
 
 from rl4mle_jax.env.execute import run_and_grade  # noqa: E402
 from rl4mle_jax.env.sandbox import Sandbox, ray_backend  # noqa: E402
-from tests.env.backend_parity import HOSTILE, hostile_program, record, task_for_tests  # noqa: E402
-from tests.env.test_execute import HONEST, _assert_no_host_content  # noqa: E402
+from tests.env.backend_parity import (  # noqa: E402
+    HOSTILE,
+    assert_hostile_record_as_reference,
+    record,
+    task_for_tests,
+)
+from tests.env.test_execute import HONEST  # noqa: E402
 
 INNER = "bwrap" if shutil.which("bwrap") else "subprocess"
 NODE_RUNS = Path(tempfile.gettempdir()) / "rl4mle_jax-ray" / "runs"
@@ -70,12 +75,7 @@ def test_honest_program_same_record_as_local_and_input_shipped_once(task, sandbo
 @pytest.mark.parametrize("name", HOSTILE)
 def test_hostile_programs_get_the_localrecord(task, sandboxes, tmp_path, name):
     remote, local = sandboxes
-    code, split = hostile_program(name, task, tmp_path)
-    run = run_and_grade(code, task, remote, split=split)
-    want = run_and_grade(code, task, local, split=split)
-    assert run.reward.status != "valid", run.reward.to_json()
-    assert record(run) == record(want)
-    _assert_no_host_content(run, task, split)
+    assert_hostile_record_as_reference(name, task, tmp_path, remote, local)
     assert not _node_runs_left()
 
 

@@ -28,11 +28,11 @@ from rl4mle_jax.env.sandbox import Sandbox, parse_preimport
 from tests.env.backend_parity import (
     HOSTILE,
     HOSTILE_MORE,
-    hostile_program,
+    assert_hostile_record_as_reference,
     record,
     task_for_tests,
 )
-from tests.env.test_execute import HONEST, _assert_no_host_content
+from tests.env.test_execute import HONEST
 
 pytestmark = pytest.mark.skipif(
     not (sys.platform.startswith("linux") and os.geteuid() == 0
@@ -82,12 +82,7 @@ def test_honest_program_same_record_and_far_less_cpu(task, sandboxes):
 @pytest.mark.parametrize("name", HOSTILE + HOSTILE_MORE)
 def test_hostile_programs_get_the_fresh_runs_record(task, sandboxes, tmp_path, name):
     forked, fresh = sandboxes
-    code, split = hostile_program(name, task, tmp_path)
-    run = run_and_grade(code, task, forked, split=split)
-    want = run_and_grade(code, task, fresh, split=split)
-    assert run.reward.status != "valid", run.reward.to_json()
-    assert record(run) == record(want)
-    _assert_no_host_content(run, task, split)
+    assert_hostile_record_as_reference(name, task, tmp_path, forked, fresh)
 
 
 # A program that tampers with everything it shares with the zygote and later runs.

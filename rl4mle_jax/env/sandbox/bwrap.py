@@ -318,7 +318,7 @@ class BwrapBackend:
     def _run(self, code: str, input_dir: Path, limits: Limits, env: dict[str, str] | None,
              workdir: Path | None) -> ExecResult:
         uid, lock = self.pool.acquire() if self.pool else (None, -1)
-        limiter = None
+        limiter = handoff = None
         try:
             wd = prepare_workdir(code, workdir, self.work_root, owner=uid, limits=limits)
             warnings = self.notes + input_warnings(input_dir, check_others=uid is not None)
@@ -355,6 +355,8 @@ class BwrapBackend:
             return finish(raw, wd=wd, backend=self.name, limits=limits, warnings=warnings,
                           weak=False, limiter=limiter)
         finally:
+            if handoff is not None:  # its host ends, if the hand-over never ran
+                handoff.close()
             if limiter is not None:
                 limiter.close()
             if self.pool is not None:
