@@ -8,8 +8,9 @@ Programs: up to `--programs` distinct valid programs of a run's `experience.json
 spaced over the run), or without `--workdir` the built-in one below (the warm start's kind of
 program). Each is run as given, as its top-level `import` / `from ... import` statements alone,
 and a bare `pass`, in turn, `--repeats` times (a drift of the machine's speed hits all three
-alike), on the task's reward split with the sandbox the loop uses (`env.execute.default_sandbox`:
-bwrap when it works here, 1 core, the witness on) and the median kept. Prints per program the
+alike), on the task's reward split in fresh interpreters (`env.execute.default_sandbox`: bwrap
+when it works here, 1 core, the witness on; the loop itself now forks its programs from a
+pre-imported one, the `--preimport` column) and the median kept. Prints per program the
 CPU seconds (user + system, the program's own, as `ExecResult.cpu_s`) and wall seconds of each,
 and the imports' share of the whole; the last line, machine-readable:
 `imports_cpu_share=<median over programs> program_cpu_s=<median> imports_cpu_s=<median>`.
