@@ -27,12 +27,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from configs.task import PREIMPORT  # noqa: E402
 from rl4mle_jax import study  # noqa: E402
 from rl4mle_jax.best_of_n import (  # noqa: E402
     code_key,
     finalists,
     pick_candidate,
     run_on_folds,
+    runs_of,
     valid_boot,
     valid_score,
 )
@@ -68,13 +70,18 @@ class RunCache:
             f.write(json.dumps(row) + "\n")
 
 
-def _fold_runs(fin: list[dict[str, Any]], task: Any, cache: RunCache, folds: list[str]
-               ) -> dict[str, dict[str, dict[str, Any]]]:
-    """The finalists' cached selection runs, as `best_of_n.run_on_folds` keeps them
-    ({code_key: {split: record}})."""
+def _fold_runs(fin: list[dict[str, Any]], task: Any, cache: RunCache, folds: list[str],
+               ev: dict[str, Any] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """The finalists' selection runs, as `best_of_n.run_on_folds` keeps them
+    ({code_key: {split: record}}): the evaluation's own (`ev["selection"]`, where made on this
+    carve), else the cache's."""
     runs: dict[str, dict[str, dict[str, Any]]] = {}
     for c in fin:
+        own = runs_of(ev, c["code"]) if ev is not None else {}
         for sp in folds:
+            if own.get(sp) is not None:
+                runs.setdefault(code_key(c["code"]), {})[sp] = own[sp]
+                continue
             r = cache.rows.get(_key(task.id, sp, c["code"]))
             if r is not None:
                 runs.setdefault(code_key(c["code"]), {})[sp] = {
@@ -103,9 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-finalists", type=int, default=6)
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--no-run", action="store_true", help="tables from the cache only")
+    ap.add_argument("--preimport", default=PREIMPORT,
+                    help="modules the sandbox pre-imports (the default config's; '' starts "
+                         "every program fresh)")
     args = ap.parse_args(argv)
     folds = select_splits(args.folds)
-    sandbox = default_sandbox()
+    sandbox = default_sandbox(preimport=args.preimport)
     per_run: list[dict[str, Any]] = []
     per_eval: list[dict[str, Any]] = []
     extra_runs = 0
@@ -120,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 for tag, ev in (("initial", run.initial), ("final", run.final)):
                     d = ev.get("direction", task.direction)
                     fin = finalists(ev["candidates"], d, args.k_se, args.max_finalists)
-                    runs = _fold_runs(fin, task, cache, folds)
+                    runs = _fold_runs(fin, task, cache, folds, ev)
                     todo = len(fin) * len(folds) - sum(len(v) for v in runs.values())
                     if todo and not args.no_run:
                         print(f"{root.name}/{variant}/seed{run.seed} {tag}: {todo} runs",

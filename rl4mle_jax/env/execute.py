@@ -202,13 +202,15 @@ def run_response(response: str, task: Any, sandbox: Any, **kw: Any) -> tuple[Act
     return action, run_and_grade(action.code, task, sandbox, action=action, **kw)
 
 
-def default_sandbox(timeout_s: float = 300.0, cpus: float = 1.0) -> Any:
-    """The bwrap sandbox when it works here, else the (weaker, and saying so) subprocess one."""
+def default_sandbox(timeout_s: float = 300.0, cpus: float = 1.0, preimport: str = "") -> Any:
+    """The bwrap sandbox when it works here, else the (weaker, and saying so) subprocess one.
+    preimport: the bwrap sandbox's (`Sandbox`; programs forked from a pre-imported
+    interpreter, as root)."""
     from rl4mle_jax.env.sandbox import Sandbox
 
     box = None
     try:
-        box = Sandbox(backend="bwrap", timeout_s=timeout_s, cpus=cpus)
+        box = Sandbox(backend="bwrap", timeout_s=timeout_s, cpus=cpus, preimport=preimport)
         with tempfile.TemporaryDirectory() as empty:
             os.chmod(empty, 0o755)  # the sandbox runs as an unprivileged uid
             probe = box.run("print('ok')", input_dir=empty, timeout_s=30)
