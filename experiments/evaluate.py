@@ -67,7 +67,8 @@ def main(argv):
     result = best_of_n(comps, params, _N.value, jax.random.PRNGKey(_SEED.value),
                        config.sampling.temperature, config.run.slots, config.run.reuse_runs,
                        truncation_settings(config.sampling),  # sampled as in training
-                       config.run.eval_pick, config.run.eval_select_folds)
+                       config.run.eval_pick, config.run.eval_select_folds,
+                       config.run.eval_finalist_se, config.run.eval_finalists)
     save_eval(result, out)
     print(json.dumps({"written": str(out), **brief_eval(result),
                       "pick_rule": result.get("pick", {}).get("rule"),

@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from configs.task import PREIMPORT  # noqa: E402
 from rl4mle_jax import study  # noqa: E402
 from rl4mle_jax.best_of_n import (  # noqa: E402
+    FINALIST_K_SE,
+    MAX_FINALISTS,
     code_key,
     finalists,
     pick_candidate,
@@ -106,15 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("roots", nargs="+")
     ap.add_argument("--folds", type=int, default=2)
-    ap.add_argument("--k-se", type=float, default=2.0)
-    ap.add_argument("--max-finalists", type=int, default=6)
+    ap.add_argument("--k-se", type=float, default=FINALIST_K_SE)
+    ap.add_argument("--max-finalists", type=int, default=MAX_FINALISTS)
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--no-run", action="store_true", help="tables from the cache only")
+    ap.add_argument("--same-outcomes", action="store_true",
+                    help="programs with identical reward-split runs each take a finalist's "
+                         "place (before 2026-12-07: the default then)")
     ap.add_argument("--preimport", default=PREIMPORT,
                     help="modules the sandbox pre-imports (the default config's; '' starts "
                          "every program fresh)")
     args = ap.parse_args(argv)
     folds = select_splits(args.folds)
+    dedup = not args.same_outcomes
     sandbox = default_sandbox(preimport=args.preimport)
     per_run: list[dict[str, Any]] = []
     per_eval: list[dict[str, Any]] = []
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 picks: dict[str, dict[str, Any]] = {}
                 for tag, ev in (("initial", run.initial), ("final", run.final)):
                     d = ev.get("direction", task.direction)
-                    fin = finalists(ev["candidates"], d, args.k_se, args.max_finalists)
+                    fin = finalists(ev["candidates"], d, args.k_se, args.max_finalists, dedup)
                     runs = _fold_runs(fin, task, cache, folds, ev)
                     todo = len(fin) * len(folds) - sum(len(v) for v in runs.values())
                     if todo and not args.no_run:
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                            "direction": d, "finalists": len(fin), "same_as": _digest(ev)}
                     for rule in PICK_RULES:
                         c = pick_candidate(ev["candidates"], d, rule, sel, folds, args.k_se,
-                                           args.max_finalists)
+                                           args.max_finalists, dedup)
                         t = None if c is None else valid_score(c["test_split"])
                         row[rule] = (None if t is None else oriented_score(t, d),
                                      None if c is None else valid_boot(c["test_split"]))

@@ -94,16 +94,23 @@ class SharedRuns:
 # drifts toward programs whose reward-split score is high by chance as well as by merit);
 # "cv": among the finalists, the best mean over the reward split and the selection splits
 # (carves of public train the loop never trains on); "folds": the selection splits alone.
-PICK_K_SE = 2.0  # finalists: within this many paired standard errors of the best
-PICK_MAX_FINALISTS = 6
+FINALIST_K_SE = 3.0  # finalists: within this many paired standard errors of the best
+MAX_FINALISTS = 10  # (RunConfig.eval_finalist_se / eval_finalists; 2.0 and 6 until 2026-12-07)
+PICK_K_SE = 2.0  # beats_on_folds: a challenger must win by more than this many paired s.e.
 
 
-def finalists(cands: list[dict], direction: str, k_se: float = PICK_K_SE,
-              max_finalists: int = PICK_MAX_FINALISTS) -> list[dict]:
+def finalists(cands: list[dict], direction: str, k_se: float = FINALIST_K_SE,
+              max_finalists: int = MAX_FINALISTS, distinct_outcomes: bool = True
+              ) -> list[dict]:
     """The candidates (as `Candidate` dicts) a selection looks at again: one per distinct
     program valid on the reward split (its best run), those whose reward-split score is within
     `k_se` paired standard errors (the grader's shared resamples) of the best's, best first, at
-    most `max_finalists`. Without replicates only the best and exact ties are in."""
+    most `max_finalists`. Without replicates only the best and exact ties are in.
+
+    distinct_outcomes: programs whose reward-split runs are identical (the same score and the
+    same replicates, i.e. the same predictions on every resample: programs that differ only in
+    comments, names or dead code) take one place, the first candidate's, so that the places go
+    to different models."""
     from rl4mle_jax.study import paired_se
 
     best_of: dict[str, dict] = {}
@@ -117,6 +124,11 @@ def finalists(cands: list[dict], direction: str, k_se: float = PICK_K_SE,
             best_of[c["code"]] = c
     ranked = sorted(best_of.values(), reverse=True, key=lambda c: oriented_score(
         valid_score(c["reward_split"]), direction))
+    if distinct_outcomes:
+        first: dict[Any, dict] = {}
+        for c in ranked:
+            first.setdefault(_outcome(c), c)
+        ranked = list(first.values())
     if not ranked:
         return []
     top = ranked[0]
@@ -130,10 +142,20 @@ def finalists(cands: list[dict], direction: str, k_se: float = PICK_K_SE,
     return out[:max(1, int(max_finalists))]
 
 
+def _outcome(c: dict) -> Any:
+    """A candidate's reward-split outcome: its score and replicates (its code where the record
+    has no replicates, so that only identical programs share one)."""
+    boot = valid_boot(c["reward_split"])
+    if not boot:
+        return c["code"]
+    return (valid_score(c["reward_split"]), tuple(float(x) for x in boot))
+
+
 def pick_candidate(cands: list[dict], direction: str, rule: str = "max",
                    select: dict[str, dict[str, dict]] | None = None,
-                   folds: list[str] | None = None, k_se: float = PICK_K_SE,
-                   max_finalists: int = PICK_MAX_FINALISTS) -> dict | None:
+                   folds: list[str] | None = None, k_se: float = FINALIST_K_SE,
+                   max_finalists: int = MAX_FINALISTS, distinct_outcomes: bool = True
+                   ) -> dict | None:
     """The candidate `rule` (PICK_RULES) picks; None when none is valid on the reward split.
 
     select: {program: {selection split: its run's reward record}} for the finalists; a
@@ -141,7 +163,7 @@ def pick_candidate(cands: list[dict], direction: str, rule: str = "max",
     that fails on other rows of the same data is not the one to hand in)."""
     if rule not in PICK_RULES:
         raise ValueError(f"pick rule must be one of {PICK_RULES}, got {rule!r}")
-    fin = finalists(cands, direction, k_se, max_finalists)
+    fin = finalists(cands, direction, k_se, max_finalists, distinct_outcomes)
     if not fin or rule == "max" or not folds:
         return fin[0] if fin else None
 
@@ -227,12 +249,14 @@ def solve_prompt_text(comps: Any) -> str:
 
 def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: float = 0.7,
               concurrency: int = 2, reuse: int = 0, truncation: dict[str, Any] | None = None,
-              pick: str = "max", select_folds: int = 0) -> dict[str, Any]:
+              pick: str = "max", select_folds: int = 0, finalist_se: float = FINALIST_K_SE,
+              max_finalists: int = MAX_FINALISTS) -> dict[str, Any]:
     """Samples N candidates of both kinds and reports the honest pick and the paper's number.
 
     reuse: how many identical later candidates one run serves (`SharedRuns`; 0: all run).
     truncation: top_k / top_p / min_p for `Sampler.generate` (the loop's; None: none).
-    pick, select_folds: the pick rule and its selection splits (`select_pick`).
+    pick, select_folds, finalist_se, max_finalists: the pick rule, its selection splits and
+    its finalists (`select_pick`).
     """
     task, direction = comps.task, comps.task.direction
     if n <= 0:  # evaluation switched off (e.g. in quick tests)
@@ -275,7 +299,8 @@ def best_of_n(comps: Any, params: Any, n: int, rng: jax.Array, temperature: floa
                                      for c in cands)} for k in ("solve", "improve")},
         "candidates": [dataclasses.asdict(c) for c in cands],
     }
-    return select_pick(result, task, comps.sandbox, pick, select_folds, timeout, concurrency)
+    return select_pick(result, task, comps.sandbox, pick, select_folds, timeout, concurrency,
+                       finalist_se, max_finalists)
 
 
 def _pick_record(c: dict, rule: str) -> dict[str, Any]:
@@ -287,13 +312,15 @@ def _pick_record(c: dict, rule: str) -> dict[str, Any]:
 
 
 def select_pick(result: dict[str, Any], task: Any, sandbox: Any, rule: str = "max",
-                folds: int = 0, timeout_s: float | None = None, concurrency: int = 2
+                folds: int = 0, timeout_s: float | None = None, concurrency: int = 2,
+                finalist_se: float = FINALIST_K_SE, max_finalists: int = MAX_FINALISTS
                 ) -> dict[str, Any]:
     """Sets `result["pick"]` (a single-task evaluation) by `rule` (PICK_RULES), running the
-    finalists on `folds` selection splits first where `rule` needs them; the reward-split
-    maximum's pick is kept as `result["pick_max"]` beside it. Runs already in
-    `result["selection"]` are not repeated, so an evaluation made (or cached) under one rule
-    can be re-picked under another. Returns `result`."""
+    finalists (`finalists`: `finalist_se`, `max_finalists`) on `folds` selection splits first
+    where `rule` needs them; the reward-split maximum's pick is kept as `result["pick_max"]`
+    beside it. Runs already in `result["selection"]` are not repeated, so an evaluation made
+    (or cached) under one rule can be re-picked under another (`needs_repick`). Returns
+    `result`."""
     if rule not in PICK_RULES:
         raise ValueError(f"pick rule must be one of {PICK_RULES}, got {rule!r}")
     cands, direction = result.get("candidates") or [], result["direction"]
@@ -303,21 +330,41 @@ def select_pick(result: dict[str, Any], task: Any, sandbox: Any, rule: str = "ma
     splits = select_splits(folds) if rule != "max" else []
     runs = selection_runs(result)  # {program's sha256: {split: record}}
     sel = result["selection"]
-    fin = finalists(cands, direction) if splits else []
+    fin = finalists(cands, direction, finalist_se, max_finalists) if splits else []
     if len(fin) > 1:
         run_on_folds([c["code"] for c in fin], task, sandbox, splits, runs, timeout_s,
                      concurrency)
     sel["finalists"], sel["folds"] = len(fin), splits
     by_code = {c["code"]: runs.get(code_key(c["code"]), {}) for c in fin}
-    chosen = pick_candidate(cands, direction, rule, by_code, splits) if len(fin) > 1 else top
+    chosen = (pick_candidate(cands, direction, rule, by_code, splits, finalist_se,
+                             max_finalists) if len(fin) > 1 else top)
     if chosen is None:  # nothing valid: the first candidate stands for the evaluation
         chosen = cands[0]
     result["pick"] = _pick_record(chosen, rule)
+    result["pick"]["finalist_rule"] = _finalist_rule(finalist_se, max_finalists)
     if splits:
         result["pick"]["select_scores"] = {sp: valid_score(r) for sp, r in
                                            by_code.get(chosen["code"], {}).items()}
     result["pick_max"] = _pick_record(top if top is not None else cands[0], "max")
     return result
+
+
+def _finalist_rule(finalist_se: float, max_finalists: int) -> dict[str, Any]:
+    return {"k_se": float(finalist_se), "max": int(max_finalists), "distinct_outcomes": True}
+
+
+def needs_repick(result: dict[str, Any], rule: str, finalist_se: float = FINALIST_K_SE,
+                 max_finalists: int = MAX_FINALISTS) -> bool:
+    """Whether a (cached) single-task evaluation's pick was made otherwise than `rule` with
+    these finalists would make it. Picks recorded before the finalist rule was (2 standard
+    errors, 6, programs of one outcome each in) count as made with that rule."""
+    pick = result.get("pick") or {}
+    if pick.get("rule", "max") != rule or "pick_max" not in result:
+        return True
+    if rule == "max":  # the maximum needs no finalists
+        return False
+    made = pick.get("finalist_rule") or {"k_se": 2.0, "max": 6, "distinct_outcomes": False}
+    return made != _finalist_rule(finalist_se, max_finalists)
 
 
 def run_on_folds(codes: list[str], task: Any, sandbox: Any, folds: list[str],

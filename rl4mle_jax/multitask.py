@@ -15,19 +15,22 @@ from typing import Any
 
 import numpy as np
 
-from rl4mle_jax.best_of_n import best_of_n
+from rl4mle_jax.best_of_n import FINALIST_K_SE, MAX_FINALISTS, best_of_n
 from rl4mle_jax.report import PICK_MADE, _against_refs, _fmt, best_solution_line, brief_eval
 from rl4mle_jax.tracking import DEFAULT_PLOTS
 
 
 def evaluate_tasks(views: dict[str, Any], params: Any, n: int, rng: Any, temperature: float,
                    concurrency: int, reuse: int = 0, truncation: dict[str, Any] | None = None,
-                   pick: str = "max", select_folds: int = 0) -> dict[str, Any]:
+                   pick: str = "max", select_folds: int = 0,
+                   finalist_se: float = FINALIST_K_SE, max_finalists: int = MAX_FINALISTS
+                   ) -> dict[str, Any]:
     """Best-of-N on each task, each with the same key: the draws a single-task run of that
     task with this seed makes, so a per-task policy and the multi-task one compare like for
     like."""
     return {"n": n, "tasks": {t: best_of_n(v, params, n, rng, temperature, concurrency, reuse,
-                                           truncation, pick, select_folds)
+                                           truncation, pick, select_folds, finalist_se,
+                                           max_finalists)
                               for t, v in views.items()}}
 
 

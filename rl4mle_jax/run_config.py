@@ -284,7 +284,7 @@ class RunConfig:
     # standard errors of one run's difference (p ≈ 0.7) and ~4 of a 3-seed mean; 8 is ±0.25 noise.
     eval_samples: int = 32
     # How the best-of-N picks (PICK_RULES): "max", the best reward-split score; "cv", the
-    # finalists (distinct programs within two paired standard errors of the best there) run
+    # finalists (below: distinct programs near the best reward-split score) run
     # again on `eval_select_folds` selection splits, carves of public train the loop never
     # trains on, and the best mean over those and the reward split wins; "folds", the
     # selection splits alone. The pick does not change the candidates: an evaluation cached
@@ -293,6 +293,13 @@ class RunConfig:
     # the maximum in 39 and that one was better on the test split in 36.
     eval_pick: str = "cv"
     eval_select_folds: int = 2
+    # The finalists (best_of_n.finalists): distinct programs valid on the reward split within
+    # `eval_finalist_se` paired standard errors of the best there, at most `eval_finalists`,
+    # one per reward-split outcome. 3 / 10 by measurement (docs/pick_replay/finalists.md): on
+    # 39 evaluations of 30 runs the wider set's cv pick beat the reward-split maximum on test
+    # in 28 and lost in 1 (2 / 6, the setting before: 21 and 4); more folds did not help.
+    eval_finalist_se: float = 3.0
+    eval_finalists: int = 10
     progress: bool = True
     # Multi-task training (config.tasks): how each episode's task is drawn, see
     # rollout/task_mix.py ("uniform", or "separation": ∝ each task's recent reward separation,
@@ -324,6 +331,10 @@ class RunConfig:
         _need(self.eval_select_folds >= (1 if self.eval_pick != "max" else 0),
               "eval_select_folds", f"must be >= 1 with eval_pick={self.eval_pick!r} "
               f"(>= 0 otherwise), got {self.eval_select_folds}")
+        _need(self.eval_finalist_se >= 0, "eval_finalist_se",
+              f"must be >= 0, got {self.eval_finalist_se}")
+        _need(self.eval_finalists >= 1, "eval_finalists",
+              f"must be >= 1, got {self.eval_finalists}")
         _need(self.rank_bonus >= 0, "rank_bonus", f"must be >= 0, got {self.rank_bonus}")
         _need(self.rank_tie_se >= 0, "rank_tie_se", f"must be >= 0, got {self.rank_tie_se}")
         _need(self.task_sampling in TASK_SAMPLING, "task_sampling",

@@ -40,6 +40,7 @@ from rl4mle_jax import allocator, multitask, sharding, spmd, study
 from rl4mle_jax import checkpoint as ckpt_lib
 from rl4mle_jax.best_of_n import (
     best_of_n,
+    needs_repick,
     save_eval,
     select_pick,
     solve_prompt_text,
@@ -172,7 +173,8 @@ def _train(config: Any, workdir: Path, comps: Components,
     # The evaluations sample the policy as the loop does: the same truncation.
     truncation = truncation_settings(config.sampling)
     reuse = config.run.reuse_runs  # identical candidates share a run, as in the loop
-    pick = dict(pick=config.run.eval_pick, select_folds=config.run.eval_select_folds)
+    pick = dict(pick=config.run.eval_pick, select_folds=config.run.eval_select_folds,
+                finalist_se=config.run.eval_finalist_se, max_finalists=config.run.eval_finalists)
 
     def evaluate(params: Any) -> dict[str, Any]:
         # The same draws before and after RL: a difference is the policy's, not the dice's.
@@ -186,10 +188,10 @@ def _train(config: Any, workdir: Path, comps: Components,
         """A cached evaluation under this run's pick rule (its candidates are the same)."""
         for view, one in ([(comps, ev)] if not comps.views else
                           [(comps.views[t], r) for t, r in ev.get("tasks", {}).items()]):
-            if (one.get("pick") or {}).get("rule", "max") != pick["pick"] or \
-                    "pick_max" not in one:
+            if needs_repick(one, pick["pick"], pick["finalist_se"], pick["max_finalists"]):
                 select_pick(one, view.task, view.sandbox, pick["pick"], pick["select_folds"],
-                            view.episode_cfg.timeout_s, slots)
+                            view.episode_cfg.timeout_s, slots, pick["finalist_se"],
+                            pick["max_finalists"])
         return ev
     initial_path = workdir / "eval_initial.json"
     shared = (Path(shared_evals) / f"{initial_eval_key(config, comps.source)}.json"

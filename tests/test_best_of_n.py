@@ -118,6 +118,30 @@ def test_finalists_are_the_programs_within_k_paired_standard_errors_of_the_best(
 
 
 @pytest.mark.parametrize("direction", ["higher", "lower"])
+def test_programs_with_the_same_reward_split_outcome_take_one_finalists_place(direction):
+    """A2 is A with a comment: the same predictions, so the same score and replicates. It takes
+    no place of its own (B gets it), unless asked; a program with the same score but other
+    replicates is a different model and keeps its place."""
+    cands = _pool(direction)
+    twin = {**cands[1], "code": "A2", "kind": "improve"}
+    pool = cands[:2] + [twin] + cands[2:]
+    assert [c["code"] for c in bon.finalists(pool, direction, 5.0, 2)] == ["A", "B"]
+    assert [c["code"] for c in bon.finalists(pool, direction, 5.0)] == ["A", "B", "C"]
+    assert [c["code"] for c in bon.finalists(pool, direction, 5.0, 2,
+                                             distinct_outcomes=False)] == ["A", "A2"]
+    boot = cands[1]["reward_split"]["grade"]["score_boot"]
+    other = {**twin, "reward_split": _rec(cands[1]["reward_split"]["score"], boot[::-1])}
+    assert [c["code"] for c in bon.finalists(cands[:2] + [other] + cands[2:], direction, 5.0,
+                                             2)] == ["A", "A2"]
+    # without replicates a same-score program is not known to be the same model
+    bare = [{**c, "reward_split": {**c["reward_split"], "grade": {}}} for c in pool[:3]]
+    assert [c["code"] for c in bon.finalists(bare, direction, 5.0)] == ["A", "A2"]
+    sel = {"A": {"select1": _rec(0.70)}, "B": {"select1": _rec(0.90 if direction == "higher"
+                                                                else 0.50)}}
+    assert bon.pick_candidate(pool, direction, "folds", sel, ["select1"], 5.0, 2)["code"] == "B"
+
+
+@pytest.mark.parametrize("direction", ["higher", "lower"])
 def test_pick_rules_rank_the_finalists_by_their_selection_split_scores(direction):
     cands = _pool(direction)
     s = 1 if direction == "higher" else -1
@@ -139,6 +163,22 @@ def test_pick_rules_rank_the_finalists_by_their_selection_split_scores(direction
     assert bon.pick_candidate(cands, direction, "folds", {}, folds)["code"] == "A"
     with pytest.raises(ValueError, match="pick rule"):
         bon.pick_candidate(cands, direction, "median")
+
+
+def test_a_pick_made_with_other_finalists_is_made_again():
+    """`needs_repick`: another rule, no `pick_max`, or finalists other than the run's (a pick
+    recorded before the finalist rule was: 2 s.e., 6, twins each in)."""
+    ev = {"pick": {"rule": "cv", "finalist_rule": {"k_se": 3.0, "max": 10,
+                                                   "distinct_outcomes": True}},
+          "pick_max": {}}
+    assert not bon.needs_repick(ev, "cv", 3.0, 10)
+    assert bon.needs_repick(ev, "folds", 3.0, 10)
+    assert bon.needs_repick(ev, "cv", 2.0, 10) and bon.needs_repick(ev, "cv", 3.0, 6)
+    assert bon.needs_repick({"pick": ev["pick"]}, "cv", 3.0, 10)
+    old = {"pick": {"rule": "cv"}, "pick_max": {}}
+    assert bon.needs_repick(old, "cv", 2.0, 6) and bon.needs_repick(old, "cv")
+    assert not bon.needs_repick({"pick": {"rule": "max"}, "pick_max": {}}, "max", 1.0, 1)
+    assert bon.needs_repick({}, "max")
 
 
 def test_selection_runs_of_another_carve_are_not_reused():

@@ -270,6 +270,8 @@ def test_qwen_batch_8_fails_in_validation_naming_the_keys():
     ("reward.rescale_min_se", -1.0, "config.reward"),
     ("run.eval_pick", "median", "config.run.eval_pick"),
     ("run.eval_select_folds", -1, "config.run.eval_select_folds"),
+    ("run.eval_finalists", 0, "config.run.eval_finalists"),
+    ("run.eval_finalist_se", -1.0, "config.run.eval_finalist_se"),
     ("learner.num_minibatches", 3, "config.run.batch_size"),
     ("prompt.trim_first", "head", "config.prompt.trim_first"),
 ])

@@ -453,7 +453,7 @@ def test_cv_pick_runs_the_finalists_on_selection_splits_once(own_tasks):
             calls.append(str(input_dir))
             return await box.arun(code, input_dir, timeout_s=timeout_s)
 
-    # two near-ties (a comment apart: the same predictions) and two clearly different
+    # twins (a comment apart: the same predictions) and two clearly different
     codes = [_RIDGE.format(alpha=a) for a in (1.0, 30.0, 1e5)]
     codes.insert(1, codes[0] + "# the same model\n")
     cands = [{"kind": "solve", "code": c, "failure": None,
@@ -463,7 +463,10 @@ def test_cv_pick_runs_the_finalists_on_selection_splits_once(own_tasks):
     ev = {"direction": "lower", "candidates": cands}
     bon.select_pick(ev, task, Counting(), "cv", 2, task.timeout_s)
     fin = bon.finalists(cands, "lower")
-    assert codes[0] in [c["code"] for c in fin] and codes[1] in [c["code"] for c in fin]
+    # the twin's reward-split run is the same (score and replicates): one place for both
+    assert cands[1]["reward_split"]["grade"]["score_boot"] == \
+        cands[0]["reward_split"]["grade"]["score_boot"]
+    assert codes[0] in [c["code"] for c in fin] and codes[1] not in [c["code"] for c in fin]
     assert codes[3] not in [c["code"] for c in fin]  # far off: never run again
     assert len(calls) == 2 * len(fin) and ev["selection"]["finalists"] == len(fin)
     assert all("select" in p for p in calls)
