@@ -118,9 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preimport", default=PREIMPORT,
                     help="modules the sandbox pre-imports (the default config's; '' starts "
                          "every program fresh)")
+    ap.add_argument("--against", default=None, metavar="K_SE,MAX[,same]",
+                    help="also pick with these finalists (e.g. '2,6,same': the setting before "
+                         "2026-12-07) and compare each rule's two picks on test")
     args = ap.parse_args(argv)
     folds = select_splits(args.folds)
     dedup = not args.same_outcomes
+    settings = [(args.k_se, args.max_finalists, dedup)]
+    if args.against:
+        a = args.against.split(",")
+        settings.append((float(a[0]), int(a[1]), not (len(a) > 2 and a[2] == "same")))
     sandbox = default_sandbox(preimport=args.preimport)
     per_run: list[dict[str, Any]] = []
     per_eval: list[dict[str, Any]] = []
@@ -135,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                 picks: dict[str, dict[str, Any]] = {}
                 for tag, ev in (("initial", run.initial), ("final", run.final)):
                     d = ev.get("direction", task.direction)
-                    fin = finalists(ev["candidates"], d, args.k_se, args.max_finalists, dedup)
+                    fin = list({c["code"]: c for k, m, dd in settings[::-1]
+                                for c in finalists(ev["candidates"], d, k, m, dd)}.values())
                     runs = _fold_runs(fin, task, cache, folds, ev)
                     todo = len(fin) * len(folds) - sum(len(v) for v in runs.values())
                     if todo and not args.no_run:
@@ -149,12 +157,13 @@ def main(argv: list[str] | None = None) -> int:
                     row = {"root": root.name, "task": Path(str(run.config["task"])).name,
                            "variant": variant, "seed": run.seed, "eval": tag,
                            "direction": d, "finalists": len(fin), "same_as": _digest(ev)}
-                    for rule in PICK_RULES:
-                        c = pick_candidate(ev["candidates"], d, rule, sel, folds, args.k_se,
-                                           args.max_finalists, dedup)
-                        t = None if c is None else valid_score(c["test_split"])
-                        row[rule] = (None if t is None else oriented_score(t, d),
-                                     None if c is None else valid_boot(c["test_split"]))
+                    for i, (k, m, dd) in enumerate(settings):
+                        for rule in PICK_RULES:
+                            c = pick_candidate(ev["candidates"], d, rule, sel, folds, k, m, dd)
+                            t = None if c is None else valid_score(c["test_split"])
+                            row[rule + ("@against" if i else "")] = (
+                                None if t is None else oriented_score(t, d),
+                                None if c is None else valid_boot(c["test_split"]))
                     per_eval.append(row)
                     picks[tag] = row
                 r = {"root": root.name, "variant": variant, "seed": run.seed}
@@ -169,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     for tag in ("initial", "final", None):
         print(f"\nEvaluations: {tag or 'all'}")
         print(_eval_table([r for r in distinct if tag in (None, r["eval"])]))
+    if args.against:
+        print(f"\nEach rule's pick with these finalists against its pick with {args.against}, "
+              "all evaluations:")
+        print(_eval_table(distinct, "@against"))
     print("\nBy task, all evaluations (rule against the reward split's maximum: evaluations where "
           "it picks another program, better / worse on test):")
     print(_task_table(distinct))
@@ -187,15 +200,17 @@ def _z(diff: float, se: float | None) -> float:
     return 0.0 if abs(diff) < 1e-12 else (diff / se if se else float("nan"))
 
 
-def _eval_table(rows: list[dict[str, Any]]) -> str:
-    """Per rule, its pick's test score against the reward-split maximum's, evaluation by
+def _eval_table(rows: list[dict[str, Any]], against: str | None = None) -> str:
+    """Per rule, its pick's test score against the reward-split maximum's (with `against`:
+    against the same rule's pick with the other finalists, `rule + against`), evaluation by
     evaluation: how often it differs, is better or worse, and the mean paired z."""
-    lines = ["| rule | evaluations | differs | better | worse | mean z vs max (± s.e.) |",
+    ref = "max" if against is None else f"the same rule{against}"
+    lines = [f"| rule | evaluations | differs | better | worse | mean z vs {ref} (± s.e.) |",
              "|---|---|---|---|---|---|"]
     for rule in PICK_RULES:
         zs = []
         for r in rows:
-            (a, ba), (b, bb) = r["max"], r[rule]
+            (a, ba), (b, bb) = r["max" if against is None else rule + against], r[rule]
             if a is None or b is None:
                 continue
             zs.append(_z(b - a, study.paired_se(ba, bb)))
