@@ -297,7 +297,9 @@ class RunConfig:
     # `eval_finalist_se` paired standard errors of the best there, at most `eval_finalists`,
     # one per reward-split outcome. 3 / 10 by measurement (docs/pick_replay/finalists.md): on
     # 39 evaluations of 30 runs the wider set's cv pick beat the reward-split maximum on test
-    # in 28 and lost in 1 (2 / 6, the setting before: 21 and 4); more folds did not help.
+    # in 28 and lost in 1 (2 / 6, the setting before: 21 and 4); more folds did not help. On 15
+    # synthetic-tradeoff evaluations it changed one pick, for the worse (there cv itself loses
+    # to the maximum); one place per outcome changed none of those 15.
     eval_finalist_se: float = 3.0
     eval_finalists: int = 10
     progress: bool = True
