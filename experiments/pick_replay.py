@@ -127,7 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     settings = [(args.k_se, args.max_finalists, dedup)]
     if args.against:
         a = args.against.split(",")
-        settings.append((float(a[0]), int(a[1]), not (len(a) > 2 and a[2] == "same")))
+        try:
+            if len(a) not in (2, 3) or a[2:] not in ([], ["same"]):
+                raise ValueError
+            settings.append((float(a[0]), int(a[1]), len(a) == 2))
+        except ValueError:
+            ap.error(f"--against: K_SE,MAX[,same] (e.g. 2,6,same), got {args.against!r}")
     sandbox = default_sandbox(preimport=args.preimport)
     per_run: list[dict[str, Any]] = []
     per_eval: list[dict[str, Any]] = []

@@ -341,7 +341,8 @@ def select_pick(result: dict[str, Any], task: Any, sandbox: Any, rule: str = "ma
     if chosen is None:  # nothing valid: the first candidate stands for the evaluation
         chosen = cands[0]
     result["pick"] = _pick_record(chosen, rule)
-    result["pick"]["finalist_rule"] = _finalist_rule(finalist_se, max_finalists)
+    if rule != "max":  # the maximum needs no finalists (`needs_repick`)
+        result["pick"]["finalist_rule"] = _finalist_rule(finalist_se, max_finalists)
     if splits:
         result["pick"]["select_scores"] = {sp: valid_score(r) for sp, r in
                                            by_code.get(chosen["code"], {}).items()}
