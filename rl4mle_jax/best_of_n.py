@@ -93,7 +93,8 @@ class SharedRuns:
 # "max": the best reward-split score (the loop trains on that split, so over a run the policy
 # drifts toward programs whose reward-split score is high by chance as well as by merit);
 # "cv": among the finalists, the best mean over the reward split and the selection splits
-# (carves of public train the loop never trains on); "folds": the selection splits alone.
+# (carves of public train the loop never trains on); "cv_median": their median (one split's
+# lucky carve cannot carry a finalist); "folds": the selection splits alone.
 FINALIST_K_SE = 3.0  # finalists: within this many paired standard errors of the best
 MAX_FINALISTS = 10  # (RunConfig.eval_finalist_se / eval_finalists; 2.0 and 6 until 2026-12-07)
 PICK_K_SE = 2.0  # beats_on_folds: a challenger must win by more than this many paired s.e.
@@ -174,15 +175,21 @@ def pick_candidate(cands: list[dict], direction: str, rule: str = "max",
 def rule_key(c: dict, direction: str, rule: str, runs: dict[str, dict], folds: list[str]
              ) -> tuple[bool, float, float]:
     """What `rule` ranks a finalist by (larger is better): (valid on every one of `folds`, its
-    mean oriented score over the folds, and the reward split too under "cv", then its reward
-    split score). runs: {selection split: the finalist's run record there}."""
+    mean oriented score over the folds, and the reward split too under "cv" (the median of
+    those under "cv_median"), then its reward split score). runs: {selection split: the
+    finalist's run record there}."""
     reward = oriented_score(valid_score(c["reward_split"]), direction)
     fold = [valid_score(runs.get(sp)) for sp in folds]
     scores = [oriented_score(s, direction) for s in fold if s is not None]
-    if rule == "cv":
+    if rule in ("cv", "cv_median"):
         scores.append(reward)
-    mean = float(sum(scores) / len(scores)) if scores else float("-inf")
-    return all(s is not None for s in fold), mean, reward
+    if not scores:
+        centre = float("-inf")
+    elif rule == "cv_median":
+        centre = float(np.median(scores))
+    else:
+        centre = float(sum(scores) / len(scores))
+    return all(s is not None for s in fold), centre, reward
 
 
 async def _run_candidates(cands: list[Candidate], task: Any, sandbox: Any, timeout_s: float,

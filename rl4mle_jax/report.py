@@ -130,6 +130,7 @@ def _diff(a: float | None, b: float | None) -> float | None:
 
 
 PICK_MADE = {"max": "made on the reward split", "cv": "made on the reward and selection splits",
+             "cv_median": "made on the median of the reward and selection splits",
              "folds": "made on the selection splits"}
 
 

@@ -211,7 +211,7 @@ class MeshConfig:
 
 
 ADMISSION_MODES = ("bounded", "drop_stale")  # RunConfig.admission
-PICK_RULES = ("max", "cv", "folds")  # RunConfig.eval_pick, see best_of_n.pick_candidate
+PICK_RULES = ("max", "cv", "cv_median", "folds")  # RunConfig.eval_pick, see best_of_n.pick_candidate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,6 +239,12 @@ class RunConfig:
     # recent episodes' lengths): the first step at a shape then waits for no compile.
     precompile: bool = True
     precompile_min_prob: float = 0.1
+    # ... and only where that pays (rollout.collate.compile_pays_off): the steps expected at the
+    # shape times what each saves against running padded to a compiled shape must be at least
+    # this many times the compile's share of the machine (on the CPU backend it takes a core
+    # from the loop; on an accelerator it costs the loop nothing). 0: every likely shape (the
+    # setting before 2026-12-07; measured in docs/learning_check/results_payback.md).
+    precompile_payback: float = 1.0
     # A batch whose own (P, R) is not compiled yet runs padded to the smallest compiled shape
     # that holds it (rollout.collate.smallest_cover) instead of compiling inside the step; the
     # compile-ahead thread compiles a likely shape only when that padding would add more than
@@ -287,7 +293,8 @@ class RunConfig:
     # finalists (below: distinct programs near the best reward-split score) run
     # again on `eval_select_folds` selection splits, carves of public train the loop never
     # trains on, and the best mean over those and the reward split wins; "folds", the
-    # selection splits alone. The pick does not change the candidates: an evaluation cached
+    # selection splits alone; "cv_median", the median over the reward split and those (one
+    # split's lucky carve cannot carry a finalist). The pick does not change the candidates: an evaluation cached
     # under one rule is re-picked under another (best_of_n.select_pick). "cv" by measurement
     # (docs/pick_replay): re-picking 104 evaluations of 60 runs, it chose another program than
     # the maximum in 39 and that one was better on the test split in 36.
@@ -322,6 +329,8 @@ class RunConfig:
         _need(self.length_bucket >= 0, "length_bucket", f"must be >= 0, got {self.length_bucket}")
         _need(self.warmup_shapes >= 0, "warmup_shapes", f"must be >= 0, got {self.warmup_shapes}")
         _need(self.pad_slack >= 0, "pad_slack", f"must be >= 0, got {self.pad_slack}")
+        _need(self.precompile_payback >= 0, "precompile_payback",
+              f"must be >= 0, got {self.precompile_payback}")
         _need(0.0 < self.precompile_min_prob <= 1.0, "precompile_min_prob",
               f"must be in (0, 1], got {self.precompile_min_prob}")
         _need(self.admission in ADMISSION_MODES, "admission",

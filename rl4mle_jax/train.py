@@ -67,6 +67,7 @@ from rl4mle_jax.rollout.collate import (
     ShapeForecast,
     batch_shape,
     build_batch,
+    compile_pays_off,
     episode_durations,
     smallest_cover,
 )
@@ -300,6 +301,13 @@ class _Trainer:
         self._compiler = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="compile-ahead")
         self._compiling: dict[tuple[int, int], concurrent.futures.Future] = {}
+        # What compile_pays_off weighs: seconds per token of recent steps without a compile
+        # ((P + R) columns), seconds per compile of the train step (ahead or in a step), the
+        # shapes it declined (logged once each) and where this session's clock started.
+        self._step_s_per_token: collections.deque[float] = collections.deque(maxlen=16)
+        self._compile_s: list[float] = []
+        self._declined: set[tuple[int, int]] = set()
+        self._session_wall0 = 0.0
         initial = self.learner.shard_params(comps.params)
         # The frozen copy (never updated) samples on the sampler's devices; the learner keeps
         # one on its own mesh only as the KL reference.
@@ -424,6 +432,7 @@ class _Trainer:
                 svc.start()
         pool.start()
         t_start, wall0 = time.time(), self.loop.wall_s
+        self._session_wall0 = wall0
         cpu0 = os.times()
         # The bar follows what stops the run: the wall-clock budget (seconds) if there is one,
         # else the step limit; steps, reward, valid rate and best score ride beside it.
@@ -740,12 +749,56 @@ class _Trainer:
                                                    self._compiling.values()):
             return
         compiled = self._compiled_shapes()
+        probs = self.shapes.probabilities()
         todo = [s for s in self.shapes.likely(run.precompile_min_prob)
                 if s not in compiled and s not in self._compiling
                 and not self._pads_within_slack(s, compiled)]
-        if not todo:
-            return
-        self._compile_step_ahead(*todo[0], recent)
+        for s in todo:
+            if self._compile_worth_it(s, probs[s], compiled):
+                self._compile_step_ahead(*s, recent)
+                return
+
+    def _compile_worth_it(self, shape: tuple[int, int], prob: float,
+                          compiled: set[tuple[int, int]]) -> bool:
+        """rollout.collate.compile_pays_off for a likely shape, from this session's own
+        measurements (run.precompile_payback; a shape no compiled one holds always is). Until
+        one step and one compile have been timed, a shape that can run padded waits."""
+        run = self.config.run
+        cover = smallest_cover(shape, compiled)
+        if run.precompile_payback <= 0 or cover is None:
+            return True
+        share = (1.0 / len(os.sched_getaffinity(0)) if jax.default_backend() == "cpu"
+                 else 0.0)
+        steps_left = self._steps_left()
+        if share > 0 and (steps_left is None or not self._step_s_per_token
+                          or not self._compile_s):
+            return False
+        per_token = float(np.median(self._step_s_per_token)) if self._step_s_per_token else 0.0
+        compile_s = float(np.median(self._compile_s)) if self._compile_s else 0.0
+        ok = compile_pays_off(prob, steps_left or 0.0, per_token, sum(shape), sum(cover),
+                              compile_s, share, run.precompile_payback)
+        if not ok and shape not in self._declined:
+            self._declined.add(shape)
+            log.info("not compiling the train step ahead for (P=%d, R=%d): its batches run "
+                     "padded to (%d, %d); expected saving %.1f s (p=%.2f x %.0f steps left x "
+                     "%.2f ms/token x %d tokens) < %.1f x its cost %.1f s (%.1f s compile x "
+                     "%.2f of the machine)", *shape, *cover,
+                     prob * (steps_left or 0.0) * per_token * (sum(cover) - sum(shape)), prob,
+                     steps_left or 0.0, 1e3 * per_token, sum(cover) - sum(shape),
+                     run.precompile_payback, compile_s * share, compile_s, share)
+        return ok
+
+    def _steps_left(self) -> float | None:
+        """Learner steps left in this run: to max_steps, and to the time budget at this
+        session's mean seconds per step (None before its first step)."""
+        run = self.config.run
+        left = [float(run.max_steps - self.loop.step)]
+        if run.time_budget_s > 0:
+            if not self._train_steps:
+                return None
+            per_step = (self.loop.wall_s - self._session_wall0) / self._train_steps
+            left.append((run.time_budget_s - self.loop.wall_s) / max(per_step, 1e-6))
+        return max(min(left), 0.0)
 
     def _compiled_shapes(self) -> set[tuple[int, int]]:
         """(P, R) the train step is compiled for: run at, or compiled ahead."""
@@ -779,6 +832,7 @@ class _Trainer:
                 arrays, _ = spmd.device_inputs(self.learner, self.state, self.reference, host,
                                                forward=False)
                 self.learner.compile_train_step(arrays)
+                self._compile_s.append(time.perf_counter() - t)
                 if execute:
                     self.learner.run_once(self.state, arrays)
             except Exception as e:  # noqa: BLE001 - then the step compiles it, as without this
@@ -832,6 +886,10 @@ class _Trainer:
         self.loop.episodes_trained += len(batch)
         t1 = time.perf_counter()
         out["time/train_step_s"] = t1 - t0
+        if new_shape:  # (its compile, with one execution: what compile-ahead weighs, at most)
+            self._compile_s.append(t1 - t0)
+        else:
+            self._step_s_per_token.append(max(t1 - t0 - waited, 0.0) / tokens.shape[1])
         self._train_s += t1 - t0
         self._train_steps += 1
         # ~1 with one mesh (the lane is the learner's); with split devices, how much of the
@@ -845,6 +903,7 @@ class _Trainer:
         out["learner/compiled_ahead"] = float(sum(
             f.done() and f.result() for f in self._compiling.values()))
         out["time/compile_ahead_wait_s"] = waited
+        out["learner/compile_ahead_declined"] = float(len(self._declined))
         if new_shape:  # this step's time includes compiling the step for the new shape
             log.info("train step for batch shape %s (new, %d shapes so far): %.1f s",
                      tokens.shape, len(self._step_shapes), out["time/train_step_s"])

@@ -156,13 +156,24 @@ def test_pick_rules_rank_the_finalists_by_their_selection_split_scores(direction
     want = max(cv, key=cv.get)
     assert bon.pick_candidate(cands, direction, "cv", sel, folds)["code"] == want
     assert bon.pick_candidate(cands, direction, "folds", sel, folds)["code"] == "B"
+    # cv_median: the median of reward + folds (NumPy reference); one lucky fold carries B under
+    # cv's mean but not under the median
+    lucky = {"A": {"select1": _rec(a - s * 0.01), "select2": _rec(a)},
+             "B": {"select1": _rec(b + s * 0.17), "select2": _rec(b - s * 0.08)}}
+    for rule, centre in (("cv", np.mean), ("cv_median", np.median)):
+        key = {k: centre([r, *(v["score"] for v in lucky[k].values())]) * s
+               for k, r in (("A", a), ("B", b))}
+        assert bon.pick_candidate(cands, direction, rule, lucky, folds)["code"] == max(
+            key, key=key.get)
+    assert bon.pick_candidate(cands, direction, "cv", lucky, folds)["code"] == "B"
+    assert bon.pick_candidate(cands, direction, "cv_median", lucky, folds)["code"] == "A"
     # a finalist that fails on a fold ranks after those valid on every fold
     sel["B"]["select2"] = _rec(None, None, "failure")
     assert bon.pick_candidate(cands, direction, "folds", sel, folds)["code"] == "A"
     # no selection runs: the reward split's maximum
     assert bon.pick_candidate(cands, direction, "folds", {}, folds)["code"] == "A"
     with pytest.raises(ValueError, match="pick rule"):
-        bon.pick_candidate(cands, direction, "median")
+        bon.pick_candidate(cands, direction, "mode")
 
 
 def test_a_pick_made_with_other_finalists_is_made_again():

@@ -268,10 +268,11 @@ def test_qwen_batch_8_fails_in_validation_naming_the_keys():
     ("learner.duration_max_weight", 0.0, "config.learner"),
     ("reward.milestone_evidence", "text", "config.reward"),
     ("reward.rescale_min_se", -1.0, "config.reward"),
-    ("run.eval_pick", "median", "config.run.eval_pick"),
+    ("run.eval_pick", "mode", "config.run.eval_pick"),
     ("run.eval_select_folds", -1, "config.run.eval_select_folds"),
     ("run.eval_finalists", 0, "config.run.eval_finalists"),
     ("run.eval_finalist_se", -1.0, "config.run.eval_finalist_se"),
+    ("run.precompile_payback", -1.0, "config.run.precompile_payback"),
     ("learner.num_minibatches", 3, "config.run.batch_size"),
     ("prompt.trim_first", "head", "config.prompt.trim_first"),
 ])

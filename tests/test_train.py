@@ -67,9 +67,11 @@ def test_default_config_end_to_end(warm_cache, tmp_path):
     metrics = _records(workdir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["grad_norm_actor"] > 0 for m in metrics)
-    # The step was compiled ahead (for the shape forecast from the first episodes) while the
-    # batch filled; the step at that shape waits for it (or not at all), never compiles twice.
+    # The step was compiled ahead (before the clock, for the shapes forecast from the initial
+    # evaluation; in the run only for a shape whose compile pays: with 2 steps, none that a
+    # compiled shape holds); a step at a compiled shape waits for it, never compiles twice.
     assert max(m["learner/compiled_ahead"] for m in metrics) >= 1
+    assert all(m["learner/compile_ahead_declined"] >= 0 for m in metrics)
     assert all(m["time/compile_ahead_wait_s"] >= 0 for m in metrics)
     assert summary["loop"]["step"] == 2 and summary["loop"]["episodes_trained"] == 8
     # Before the clock: the services' sampler programs, and the train step at the shapes the

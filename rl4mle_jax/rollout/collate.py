@@ -131,6 +131,27 @@ def smallest_cover(shape: tuple[int, int], compiled: Collection[tuple[int, int]]
     return min(fits, key=lambda s: (s[0] + s[1], s[0])) if fits else None
 
 
+def compile_pays_off(prob: float, steps_left: float, step_s_per_token: float, tokens: int,
+                     cover_tokens: int | None, compile_s: float, cost_share: float,
+                     payback: float = 1.0) -> bool:
+    """Whether compiling the train step ahead for a batch shape of `tokens` (P + R) is worth
+    its cost, where a batch of that shape otherwise runs padded to a compiled shape of
+    `cover_tokens` (`smallest_cover`; None: no compiled shape holds it, so its first step
+    would compile inside the step: always worth compiling ahead).
+
+    The expected saving is prob x steps_left steps at that shape (`ShapeForecast`'s
+    probability per batch) times what each saves, step_s_per_token x (cover_tokens - tokens)
+    (a step's time taken as proportional to its tokens); the cost is the compile's share of
+    the machine the loop runs on, compile_s x cost_share (on the CPU backend the compile takes
+    one of the host's cores away from the sampler, the sandbox and the learner: 1 / cores; on
+    an accelerator it runs on the host beside the device: 0). Worth it when the saving is at
+    least `payback` times the cost (payback 0: always)."""
+    if cover_tokens is None or payback <= 0 or cost_share <= 0:
+        return True
+    saving = prob * max(steps_left, 0.0) * step_s_per_token * max(cover_tokens - tokens, 0)
+    return saving >= payback * compile_s * cost_share
+
+
 class ShapeForecast:
     """The padded (P, R) that the next learner batch will likely have, from recent episodes.
 

@@ -9,6 +9,7 @@ from rl4mle_jax.rollout.collate import (
     ShapeForecast,
     bucket_length,
     build_batch,
+    compile_pays_off,
     episode_durations,
     smallest_cover,
 )
@@ -101,6 +102,28 @@ def test_smallest_cover_is_the_cheapest_compiled_shape_that_holds_the_batch():
     assert smallest_cover((512, 448), compiled) == (512, 768)
     assert smallest_cover((576, 64), compiled) is None  # nothing holds a longer prompt
     assert smallest_cover((64, 64), set()) is None
+
+
+def test_compile_pays_off_weighs_the_expected_saving_against_the_compiles_share():
+    # NumPy reference: saving = p x steps left x s/token x tokens saved; cost = compile x share.
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        p, left, per_tok = rng.uniform(0, 1), rng.uniform(0, 60), rng.uniform(0, 0.01)
+        tokens, cover = int(rng.integers(256, 1024)), int(rng.integers(256, 1536))
+        compile_s, share, payback = rng.uniform(1, 60), rng.choice([0.5, 1 / 16]), 1.0
+        saving = p * left * per_tok * np.maximum(cover - tokens, 0)
+        assert compile_pays_off(p, left, per_tok, tokens, cover, compile_s, share, payback) == (
+            saving >= payback * compile_s * share)
+    # The trade-off run on 2 cores: ~3.7 ms/token, (832, 256) padded to (1024, 320) saves
+    # 256 tokens a step; a 40 s compile is not worth 10 steps at p=0.3, a 5 s cached one is.
+    assert not compile_pays_off(0.3, 10, 3.7e-3, 1088, 1344, 40.0, 0.5)
+    assert compile_pays_off(0.3, 10, 3.7e-3, 1088, 1344, 5.0, 0.5)
+    # No compiled shape holds it (its first step would compile): always; payback 0 (the old
+    # behaviour), or a compile that costs the loop nothing (an accelerator's host): always.
+    assert compile_pays_off(0.01, 1, 1e-4, 1088, None, 60.0, 0.5)
+    assert compile_pays_off(0.01, 1, 1e-4, 1088, 1344, 60.0, 0.5, payback=0.0)
+    assert compile_pays_off(0.01, 1, 1e-4, 1088, 1344, 60.0, 0.0)
+    assert not compile_pays_off(1.0, 0, 1e-2, 1088, 1344, 1.0, 0.5)  # no steps left
 
 
 def test_credit_mask_holds_the_credit_span_or_the_whole_response():
