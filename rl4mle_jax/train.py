@@ -767,8 +767,9 @@ class _Trainer:
         cover = smallest_cover(shape, compiled)
         if run.precompile_payback <= 0 or cover is None:
             return True
-        share = (1.0 / len(os.sched_getaffinity(0)) if jax.default_backend() == "cpu"
-                 else 0.0)
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
+        share = 1.0 / cores if jax.default_backend() == "cpu" else 0.0
         steps_left = self._steps_left()
         if share > 0 and (steps_left is None or not self._step_s_per_token
                           or not self._compile_s):
