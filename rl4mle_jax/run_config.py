@@ -211,7 +211,8 @@ class MeshConfig:
 
 
 ADMISSION_MODES = ("bounded", "drop_stale")  # RunConfig.admission
-PICK_RULES = ("max", "cv", "cv_median", "folds")  # RunConfig.eval_pick, see best_of_n.pick_candidate
+# RunConfig.eval_pick, see best_of_n.pick_candidate
+PICK_RULES = ("max", "cv", "cv_median", "folds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,15 +290,15 @@ class RunConfig:
     # Best-of-N before and after RL, on the same draws. 32: a valid-rate change of 0.25 is ~2.3
     # standard errors of one run's difference (p ≈ 0.7) and ~4 of a 3-seed mean; 8 is ±0.25 noise.
     eval_samples: int = 32
-    # How the best-of-N picks (PICK_RULES): "max", the best reward-split score; "cv", the
-    # finalists (below: distinct programs near the best reward-split score) run
-    # again on `eval_select_folds` selection splits, carves of public train the loop never
-    # trains on, and the best mean over those and the reward split wins; "folds", the
-    # selection splits alone; "cv_median", the median over the reward split and those (one
-    # split's lucky carve cannot carry a finalist). The pick does not change the candidates: an evaluation cached
-    # under one rule is re-picked under another (best_of_n.select_pick). "cv" by measurement
-    # (docs/pick_replay): re-picking 104 evaluations of 60 runs, it chose another program than
-    # the maximum in 39 and that one was better on the test split in 36.
+    # How the best-of-N picks (PICK_RULES): "max", the best reward-split score; "cv", the finalists
+    # (below: distinct programs near the best reward-split score) run again on `eval_select_folds`
+    # selection splits, carves of public train the loop never trains on, and the best mean over
+    # those and the reward split wins; "folds", the selection splits alone; "cv_median", the median
+    # over the reward split and those (one split's lucky carve cannot carry a finalist). The pick
+    # does not change the candidates: an evaluation cached under one rule is re-picked under another
+    # (best_of_n.select_pick). "cv" by measurement (docs/pick_replay): re-picking 104 evaluations of
+    # 60 runs, it chose another program than the maximum in 39 and that one was better on the test
+    # split in 36.
     eval_pick: str = "cv"
     eval_select_folds: int = 2
     # The finalists (best_of_n.finalists): distinct programs valid on the reward split within
