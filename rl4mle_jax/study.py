@@ -257,6 +257,56 @@ def ablation_table(study: dict[str, list[Run]]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- the learner's compiles
+# Per run, from the metrics the loop logs per step (train._Trainer._learn): where the train
+# step's compiles went (inside a step, ahead on their own thread, declined by
+# run.precompile_payback) and what they cost the steps.
+COMPILE_COLS = ("steps", "compiled in a step", "padded to a compiled shape", "compiled ahead",
+                "declined", "compile-ahead wait (s)", "train steps (s)", "median step (s)")
+
+
+def compile_stats(run: Run) -> dict[str, float | None]:
+    """COMPILE_COLS for one run (None where its metrics lack the key: older runs). Compiled
+    ahead counts the warm-up's shapes too (compiled before the RL clock starts); the median
+    step is over steps without a compile inside."""
+    rows = run.metrics
+
+    def total(key: str) -> float | None:
+        xs = [r[key] for r in rows if key in r]
+        return float(np.sum(xs)) if xs else None
+
+    def last(key: str) -> float | None:
+        xs = [r[key] for r in rows if key in r]
+        return float(xs[-1]) if xs else None
+
+    plain = [r["time/train_step_s"] for r in rows
+             if "time/train_step_s" in r and not r.get("learner/compiled_in_step")]
+    return dict(zip(COMPILE_COLS, (
+        float(rows[-1]["step"]) if rows else None, total("learner/compiled_in_step"),
+        total("learner/padded_to_compiled"), last("learner/compiled_ahead"),
+        last("learner/compile_ahead_declined"), total("time/compile_ahead_wait_s"),
+        total("time/train_step_s"), float(np.median(plain)) if plain else None)))
+
+
+def _fmt4(x: float | None) -> str:
+    return "—" if x is None else f"{x:.4g}"
+
+
+def compile_table(study: dict[str, list[Run]]) -> str:
+    """Markdown: `compile_stats` per run, then each variant's mean over its seeds."""
+    lines = ["| variant | seed | " + " | ".join(COMPILE_COLS) + " |",
+             "|---|---|" + "---|" * len(COMPILE_COLS)]
+    means = []
+    for variant, runs in study.items():
+        stats = [compile_stats(r) for r in runs]
+        for r, c in zip(runs, stats):
+            lines.append(f"| {variant} | {r.seed} | "
+                         + " | ".join(_fmt4(c[k]) for k in COMPILE_COLS) + " |")
+        means.append(f"| {variant} | mean of {len(runs)} | " + " | ".join(
+            _fmt4(_mean([c[k] for c in stats])) for k in COMPILE_COLS) + " |")
+    return "\n".join(lines + means)
+
+
 # ---------------------------------------------------------------- did it learn?
 # The checks of issue 11 (point 3), per run; averaged over seeds by `learning_table`.
 LEARNING_GOALS = {"reward_gain": 2.0, "valid_gain": 0.25, "test_gain": 0.0}
@@ -571,4 +621,5 @@ def results_markdown(study: dict[str, list[Run]], command: str, budget_s: float,
             f"RL budget per run: {budget}.\n\n## Ablation table\n\n{ablation_table(study)}\n\n"
             f"## Learning checks\n\n{learning_table(study)}\n\n"
             f"## Valid rate by prompt kind\n\n{kind_table(study)}\n\n"
-            f"## Improve episodes against their parent\n\n{parent_table(study)}\n")
+            f"## Improve episodes against their parent\n\n{parent_table(study)}\n\n"
+            f"## Learner compiles\n\n{compile_table(study)}\n")

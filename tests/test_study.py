@@ -244,6 +244,7 @@ def test_results_page_and_run_command(study_dir):
     assert "RL budget per run: 300 s wall-clock." in page
     assert "## Ablation table\n\n| variant |" in page
     assert "## Learning checks\n\n| variant |" in page
+    assert "## Learner compiles\n\n| variant | seed | steps |" in page
     assert st.run_command("e.py", ["--config=c", "--only_tables", "--variants=a,b"],
                           drop=("--only_tables", "--variants")) == "python e.py --config=c"
     assert st.run_command("e.py", ["--config", "c", "--variants", "a,b", "--workdir", "w"],
@@ -389,3 +390,34 @@ def test_learning_summary_script_groups_by_root_and_skips_unfinished(tmp_path, c
     script.main([str(tmp_path / "r1")])
     out = capsys.readouterr().out
     assert "| food-reviews (other, r1) | 1 |" in out and "| **all** | 3 |" in out
+
+
+def test_compile_table_against_numpy(tmp_path):
+    """Per run: steps, compiles inside steps, padded steps, the last compiled-ahead and
+    declined counts, summed waits and step times, the median of the steps without a compile;
+    then the variant's mean over seeds. A run without the keys (an older loop) shows "—"."""
+    rng = np.random.default_rng(0)
+    runs = []
+    for seed in (0, 1):
+        n = 12
+        inside = rng.random(n) < 0.25
+        step_s = rng.uniform(1, 3, n) + 20 * inside
+        rows = [{"step": i + 1, "wall_s": 10.0 * i, "time/train_step_s": float(step_s[i]),
+                 "learner/compiled_in_step": float(inside[i]),
+                 "learner/padded_to_compiled": float(i % 3 == 0),
+                 "learner/compiled_ahead": float(min(i, 3)),
+                 "learner/compile_ahead_declined": float(i > 5),
+                 "time/compile_ahead_wait_s": 0.5 * (i == 4)} for i in range(n)]
+        runs.append(st.Run("v", seed, tmp_path, metrics=rows))
+        c = st.compile_stats(runs[-1])
+        assert c["steps"] == n and c["compiled in a step"] == inside.sum()
+        assert c["padded to a compiled shape"] == 4 and c["compiled ahead"] == 3
+        assert c["declined"] == 1 and c["compile-ahead wait (s)"] == 0.5
+        assert c["train steps (s)"] == pytest.approx(step_s.sum())
+        assert c["median step (s)"] == pytest.approx(np.median(step_s[~inside]))
+    old = st.Run("old", 0, tmp_path, metrics=[{"step": 1, "wall_s": 1.0}])
+    assert st.compile_stats(old)["declined"] is None
+    table = st.compile_table({"v": runs, "old": [old]})
+    mean_steps = np.mean([st.compile_stats(r)["train steps (s)"] for r in runs])
+    assert "| v | mean of 2 | 12 | " in table and f"{mean_steps:.4g}" in table
+    assert "| old | 0 | 1 | — |" in table
