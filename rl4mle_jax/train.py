@@ -820,11 +820,21 @@ class _Trainer:
         what a step at that shape waits for instead of compiling. execute: then run it once on
         a copy of the state (Learner.run_once; only while nothing trains)."""
         run = self.config.run
+        # Stand-ins only for the shapes: cut to (p, r), so a credit span (positions in the
+        # uncut response) is dropped; the mask's values do not change the compiled program.
         rows = [dataclasses.replace(e, prompt_ids=list(e.prompt_ids)[-p:],
                                     response_ids=list(e.response_ids)[:r],
-                                    logprobs=list(e.logprobs)[:r])
+                                    logprobs=list(e.logprobs)[:r], credit_span=None)
                 for e in (recent * run.batch_size)[:run.batch_size]]
-        host = self._host_arrays(rows, pad_to=(p, r), forward=False)
+        try:
+            host = self._host_arrays(rows, pad_to=(p, r), forward=False)
+        except Exception as e:  # noqa: BLE001 - compiling ahead must never stop the run
+            log.warning("compiling the train step ahead for P=%d, R=%d: no stand-in batch "
+                        "(%r); a step at that shape compiles it", p, r, e)
+            failed: concurrent.futures.Future = concurrent.futures.Future()
+            failed.set_result(False)
+            self._compiling[(p, r)] = failed
+            return failed
 
         def compile_it() -> bool:
             t = time.perf_counter()

@@ -331,3 +331,38 @@ def test_rank_tie_se_ties_what_the_reward_split_cannot_resolve():
     np.testing.assert_allclose(rewards(0.0), [0.5, 0.0, 0.0, -0.5], atol=1e-6)
     # Tied: the two close rows share the top two ranks, the far one stays last.
     np.testing.assert_allclose(rewards(1.0), [0.25, 0.0, 0.25, -0.5], atol=1e-6)
+
+
+def test_compile_ahead_stand_ins_drop_credit_spans_and_never_stop_the_run():
+    """A forecast shape shorter than a recent episode cuts its response for the stand-in batch:
+    the episode's credit span (positions in the uncut response) is dropped instead of failing
+    build_batch (a run on food-reviews died of this); and a stand-in batch that cannot be built
+    gives a failed compile (the step compiles that shape itself), not an exception."""
+    import concurrent.futures
+    import types
+
+    from rl4mle_jax import train
+    from rl4mle_jax.rl.learner_config import LearnerConfig
+    from rl4mle_jax.rollout.episode import Experience
+
+    c = task_config.get_config()
+    submitted = []
+    trainer = types.SimpleNamespace(
+        config=types.SimpleNamespace(prompt=c.prompt, run=c.run),
+        learner=types.SimpleNamespace(config=LearnerConfig()),
+        c=types.SimpleNamespace(tokenizer=types.SimpleNamespace(pad_id=0)),
+        loop=types.SimpleNamespace(version=0), multi=False, task_ids=[""], _compiling={},
+        _compiler=types.SimpleNamespace(submit=lambda fn: submitted.append(fn) or "future"))
+    trainer._host_arrays = lambda *a, **k: train._Trainer._host_arrays(trainer, *a, **k)
+    long = Experience(58, "solve", [1] * 300, [2] * 700, [0.0] * 700, 0, -10.0,
+                      {"status": "failure"}, "", None, True, 1.0, 1.0, 1.0, {},
+                      credit_span=(626, 684))
+    assert train._Trainer._compile_step_ahead(trainer, 512, 512, [long]) == "future"
+    assert len(submitted) == 1 and trainer._compiling[(512, 512)] == "future"
+    # a stand-in that cannot be built (a prompt over the limit): a failed compile, logged
+    bad = Experience(59, "solve", [1] * 600, [2] * 10, [0.0] * 10, 0, 0.5, {}, "", None, True,
+                     1.0, 1.0, 1.0, {})
+    trainer._host_arrays = lambda *a, **k: (_ for _ in ()).throw(ValueError("too long"))
+    got = train._Trainer._compile_step_ahead(trainer, 512, 256, [bad])
+    assert isinstance(got, concurrent.futures.Future) and got.result() is False
+    assert trainer._compiling[(512, 256)] is got and len(submitted) == 1
