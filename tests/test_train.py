@@ -359,8 +359,8 @@ def test_compile_ahead_stand_ins_drop_credit_spans_and_never_stop_the_run():
                       credit_span=(626, 684))
     assert train._Trainer._compile_step_ahead(trainer, 512, 512, [long]) == "future"
     assert len(submitted) == 1 and trainer._compiling[(512, 512)] == "future"
-    # a stand-in that cannot be built (a prompt over the limit): a failed compile, logged
-    bad = Experience(59, "solve", [1] * 600, [2] * 10, [0.0] * 10, 0, 0.5, {}, "", None, True,
+    # a stand-in batch that cannot be built (here _host_arrays raises): a failed compile, logged
+    bad = Experience(59, "solve", [1] * 100, [2] * 10, [0.0] * 10, 0, 0.5, {}, "", None, True,
                      1.0, 1.0, 1.0, {})
     trainer._host_arrays = lambda *a, **k: (_ for _ in ()).throw(ValueError("too long"))
     got = train._Trainer._compile_step_ahead(trainer, 512, 256, [bad])
