@@ -10,7 +10,13 @@ probability outside the top token at the confident ones (the tail a garbled line
 
 Then, for the failed solve episodes of the `--programs` runs, where each failure starts: the
 failed program's least likely token under the warm start, and whether the warm start's top token
-there was >= the gate (a failure the gated term can reach) or not.
+there was >= the gate (a failure the gated term can reach) or not; and, under the warm start and
+each run's final checkpoint, the mean probability of that failing token and how often it is the
+top token itself (a confident mistake, which the gated term sharpens instead of removing), with
+the most frequent failure starts in their context.
+
+`--kind improve` does all of this for the improve episodes instead, each teacher-forced after
+its own improve prompt (rebuilt from its parent episode's code and outcome in the same log).
 
   python scripts/analyse_entropy_positions.py --programs workdirs/old/seed5 \
       --runs workdirs/lc567/gate0p9_m2/seed5,workdirs/lc567/gate0p9_m2/seed6 --n 60
@@ -52,6 +58,13 @@ _N = flags.DEFINE_integer("n", 60, "At most this many valid programs (the first,
 _GATE = flags.DEFINE_float("gate", 0.9, "A position is confident where the warm start's top "
                            "token has at least this probability.")
 _BATCH = flags.DEFINE_integer("batch", 4, "Programs per forward pass.")
+_KIND = flags.DEFINE_enum("kind", "solve", ["solve", "improve"], "Which episodes: solve, or "
+                          "improve (each after the improve prompt of its parent episode).")
+_TOP = flags.DEFINE_integer("top", 8, "List this many of the most frequent failure starts.")
+_ERROR_LINE = flags.DEFINE_bool("error_line", False, "Only the failures with a syntax error "
+                                "line (the episode's credit_span, where re-encoding its text "
+                                "gives the sampled tokens' count) and their least likely token "
+                                "on that line.")
 
 
 # What makes the warm start and the prompt: every run measured must agree with the programs' run.
@@ -65,27 +78,62 @@ def _config(workdir: Path):
     return config
 
 
-def _episodes(workdirs: list[Path]) -> list[dict]:
+def _episodes(workdirs: list[Path], kind: str = "solve") -> list[dict]:
+    """The episodes of `kind` with a record and code; an improve episode carries its parent
+    (`_parent`: the episode of the same log whose code and outcome its prompt showed) and is
+    left out when the log does not hold that parent."""
     rows = []
     for wd in workdirs:
         with open(wd / "experience.jsonl", encoding="utf-8") as f:
-            rows += [r for r in map(json.loads, f)
-                     if r.get("kind") == "solve" and r.get("record") and r.get("code")]
+            logged = [r for r in map(json.loads, f) if r.get("record") and r.get("code")]
+        by_id = {r.get("episode_id"): r for r in logged}
+        for r in logged:
+            if r.get("kind") != kind:
+                continue
+            if kind == "improve":
+                parent = by_id.get(r.get("parent_episode"))
+                if parent is None:
+                    continue
+                r = {**r, "_parent": parent}
+            rows.append(r)
     return rows
 
 
 def _encode(comps, episodes: list[dict]) -> list[tuple[list[int], int]]:
-    """(prompt + response ids, prompt length) per episode, the response as the agent writes it."""
+    """(prompt + response ids, prompt length) per episode, the response as the agent writes it
+    after the prompt the loop showed it (episode.py: solve, or improve on its parent)."""
     tok = comps.tokenizer
-    chat = tok.apply_chat_template if tok.is_chat else None
-    prompt = prompts_lib.solve_prompt(comps.context, cfg=comps.prompt_cfg, chat_template=chat,
-                                      count_tokens=lambda s: len(tok.encode(s))).text
-    prompt_ids = tok.encode(prompt)
+    kw = dict(cfg=comps.prompt_cfg, chat_template=tok.apply_chat_template if tok.is_chat else None,
+              count_tokens=lambda s: len(tok.encode(s)))
+    solve_ids = tok.encode(prompts_lib.solve_prompt(comps.context, **kw).text)
     out = []
     for e in episodes:
+        parent = e.get("_parent")
+        prompt_ids = solve_ids if parent is None else tok.encode(prompts_lib.improve_prompt(
+            comps.context, parent["code"], parent["record"], **kw).text)
         response_ids = tok.encode(render_response(e["plan"] or "", e["code"] or ""))
         out.append((prompt_ids + response_ids, len(prompt_ids)))
     return out
+
+
+def failure_starts(dists, spans=None) -> list[tuple[int, float]]:
+    """Per failed program (its response's log-probs and held tokens' log-probs under the warm
+    start): the position of its least likely held token and that token's probability; within
+    its span [a, b) of response positions where `spans` gives one (the error line)."""
+    out = []
+    for k, (_, held) in enumerate(dists):
+        a, b = spans[k] if spans is not None and spans[k] is not None else (0, len(held))
+        i = a + int(np.argmin(held[a:b]))
+        out.append((i, float(np.exp(held[i]))))
+    return out
+
+
+def held_at(dists, positions: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The held token's probability at each program's `positions` entry, and whether it is the
+    top token there."""
+    p = np.array([np.exp(held[i]) for (_, held), i in zip(dists, positions)])
+    top = np.array([np.isclose(d[i].max(), held[i]) for (d, held), i in zip(dists, positions)])
+    return p, top
 
 
 def distributions(model_config, pad_id: int, params, seqs, temperature: float, trunc: dict,
@@ -153,22 +201,24 @@ def main(argv):
     comps = build_components(config, programs[0])
     temperature = config.sampling.temperature
     trunc = truncation_settings(config.sampling)
-    episodes = _episodes(programs)
+    kind = _KIND.value
+    episodes = _episodes(programs, kind)
     valid = [e for e in episodes if e["record"]["status"] == "valid"][:_N.value]
     failed = [e for e in episodes if e["record"]["status"] == "failure"]
     if not valid:
-        raise SystemExit(f"no valid solve episodes in {', '.join(map(str, programs))}")
+        raise SystemExit(f"no valid {kind} episodes in {', '.join(map(str, programs))}")
     seqs = _encode(comps, valid)
     base = _measure(comps, comps.params, seqs, temperature, trunc)
     confident = [d.max(axis=-1) >= np.log(_GATE.value) for d, _ in base]
     c = np.concatenate(confident)
-    print(f"{len(valid)} valid solve programs from {', '.join(map(str, programs))}; "
+    print(f"{len(valid)} valid {kind} programs from {', '.join(map(str, programs))}; "
           f"{c.size} response tokens, {c.mean():.1%} at confident positions (warm start's "
           f"top token >= {_GATE.value}); T = {temperature}, truncation {trunc}\n")
     print("| policy | entropy, confident | entropy, uncertain | tail mass, confident | "
           "confident share of the entropy |")
     print("|---|---|---|---|---|")
     print(_row("warm start", base, confident))
+    policies = []
     for run_dir in map(Path, _RUNS.value):
         run_config = _config(run_dir)
         for key in _SAME:
@@ -178,15 +228,48 @@ def main(argv):
         step = ocp.CheckpointManager((run_dir / "checkpoints").absolute()).latest_step()
         # Only the policy of the latest train state (no learner, optimiser or critic).
         _, policy = load_params_orbax(run_dir / "checkpoints", step, config=comps.model_config)
+        policies.append((f"{run_dir} (step {step})", policy))
         dists = _measure(comps, policy, seqs, temperature, trunc)
-        print(_row(f"{run_dir} (step {step})", dists, confident))
+        print(_row(policies[-1][0], dists, confident))
 
     if failed:
-        fails = _measure(comps, comps.params, _encode(comps, failed), temperature, trunc)
-        tops = np.array([np.exp(d[np.argmin(held)].max()) for d, held in fails])
-        print(f"\nWhere {len(failed)} failed solve programs start (their least likely token "
+        fail_seqs = _encode(comps, failed)
+        spans = None
+        if _ERROR_LINE.value:
+            # the sampled response's tokens end with the stop token when it stopped
+            keep = [k for k, (e, (ids, plen)) in enumerate(zip(failed, fail_seqs))
+                    if e.get("credit_span") and len(ids) - plen
+                    == e.get("response_tokens", 0) - bool(e.get("response_stopped"))]
+            failed, fail_seqs = [failed[k] for k in keep], [fail_seqs[k] for k in keep]
+            spans = [tuple(e["credit_span"]) for e in failed]
+        fails = _measure(comps, comps.params, fail_seqs, temperature, trunc)
+        starts = failure_starts(fails, spans)
+        pos = [i for i, _ in starts]
+        tops = np.array([np.exp(d[i].max()) for (d, _), i in zip(fails, pos)])
+        print(f"\nWhere {len(failed)} failed {kind} programs start (their least likely token "
               f"under the warm start): the top token there >= {_GATE.value} in "
               f"{int((tops >= _GATE.value).sum())}, >= 0.8 in {int((tops >= 0.8).sum())}.")
+        print("\n| policy | failing token's probability there (mean) | the failing token is the "
+              "top one | and >= the gate |\n|---|---|---|---|")
+        for name, params in [("warm start", comps.params), *policies]:
+            dists = fails if params is comps.params else _measure(comps, params, fail_seqs,
+                                                                   temperature, trunc)
+            p, top = held_at(dists, pos)
+            if not len(p):
+                break
+            print(f"| {name} | {p.mean():.3f} | {int(top.sum())} of {len(p)} | "
+                  f"{int((top & (p >= _GATE.value)).sum())} |")
+        tok = comps.tokenizer
+        counts: dict[str, list[float]] = {}
+        for (ids, plen), (i, p) in zip(fail_seqs, starts):
+            at = plen + i
+            where = (repr(tok.decode(ids[max(plen, at - 8):at])) + " -> "
+                     + repr(tok.decode(ids[at:at + 1])))
+            counts.setdefault(where, []).append(p)
+        print(f"\nThe {_TOP.value} most frequent failure starts (context -> failing token: "
+              "count, its mean probability under the warm start):")
+        for where, ps in sorted(counts.items(), key=lambda kv: -len(kv[1]))[:_TOP.value]:
+            print(f"- {where}: {len(ps)}, {np.mean(ps):.3f}")
 
 
 if __name__ == "__main__":

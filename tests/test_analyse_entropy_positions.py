@@ -1,6 +1,7 @@
 """scripts/analyse_entropy_positions.py: the distributions it reads are the learner's."""
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -51,3 +52,35 @@ def test_split_against_hand_computed_numbers():
     assert s["entropy_uncertain"] == pytest.approx(math.log(2))
     assert s["tail_confident"] == pytest.approx(0.05)
     assert s["confident_share"] == pytest.approx(2 * h_sure / (2 * h_sure + math.log(2)))
+
+
+def test_failure_starts_and_held_at_against_hand_computed_numbers():
+    # program 0: its least likely held token is at position 1 (0.2), where the top token is
+    # another one; program 1: at position 0 (0.6), and the held token is the top one there.
+    d0 = np.log([[0.9, 0.1], [0.8, 0.2], [0.5, 0.5]])
+    d1 = np.log([[0.4, 0.6], [0.99, 0.01]])
+    dists = [(d0, np.log([0.9, 0.2, 0.5])), (d1, np.log([0.6, 0.99]))]
+    starts = script.failure_starts(dists)
+    assert [i for i, _ in starts] == [1, 0]
+    assert [p for _, p in starts] == pytest.approx([0.2, 0.6])
+    p, top = script.held_at(dists, [1, 0])
+    np.testing.assert_allclose(p, [0.2, 0.6])
+    assert top.tolist() == [False, True]
+
+
+def test_improve_episodes_carry_their_parent_and_orphans_are_left_out(tmp_path):
+    rows = [
+        {"episode_id": 1, "kind": "solve", "code": "a = 1", "record": {"status": "valid"}},
+        {"episode_id": 2, "kind": "improve", "parent_episode": 1, "code": "a = 2",
+         "record": {"status": "failure"}},
+        {"episode_id": 3, "kind": "improve", "parent_episode": 99, "code": "a = 3",
+         "record": {"status": "valid"}},
+        {"episode_id": 4, "kind": "improve", "parent_episode": 1, "code": None,
+         "record": {"status": "failure"}},
+    ]
+    (tmp_path / "experience.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    solve = script._episodes([tmp_path], "solve")
+    improve = script._episodes([tmp_path], "improve")
+    assert [e["episode_id"] for e in solve] == [1] and "_parent" not in solve[0]
+    assert [e["episode_id"] for e in improve] == [2]
+    assert improve[0]["_parent"]["code"] == "a = 1"
