@@ -85,7 +85,8 @@ def truncated_log_softmax(logits_btv: jax.Array, targets_bt: jax.Array, top_k: i
 
 def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array, start: int = 0,
                                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                               entropy_gate: float = 0.0) -> tuple[jax.Array, jax.Array]:
+                               entropy_gate: float = 0.0, with_top: bool = False
+                               ) -> tuple[jax.Array, ...]:
     """log p(tokens[t] | tokens[<t]) and that distribution's entropy, both [B, T] (0 at
     t <= start). logits_btv holds positions [start, T) (`logits_from`=start), divided by the
     sampling temperature.
@@ -98,6 +99,9 @@ def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array, star
 
     entropy_gate > 0: the entropy's gradient flows only at positions whose most likely token
     has probability >= entropy_gate (`LearnerConfig.entropy_gate`); its value is unchanged.
+
+    with_top: also [B, T] bool, whether the token the row holds is the distribution's most
+    likely one (no gradient; False at t <= start).
     """
     targets = tokens_bt[:, start + 1:]
     logp_btv = truncated_log_softmax(logits_btv[:, :-1], targets, top_k, top_p, min_p)
@@ -105,11 +109,23 @@ def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array, star
     p_btv = jnp.exp(logp_btv)
     # 0 * -inf is NaN: cut tokens add 0 (and no NaN reaches the backward pass either).
     entropy_bt = -jnp.sum(p_btv * jnp.where(p_btv > 0, logp_btv, 0.0), axis=-1)
+    top_logp = jax.lax.stop_gradient(jnp.max(logp_btv, axis=-1))
     if entropy_gate > 0:
-        confident = jax.lax.stop_gradient(jnp.max(logp_btv, axis=-1)) >= math.log(entropy_gate)
+        confident = top_logp >= math.log(entropy_gate)
         entropy_bt = jnp.where(confident, entropy_bt, jax.lax.stop_gradient(entropy_bt))
     pad = ((0, 0), (start + 1, 0))
-    return jnp.pad(logp_bt, pad), jnp.pad(entropy_bt, pad)
+    out = jnp.pad(logp_bt, pad), jnp.pad(entropy_bt, pad)
+    if with_top:
+        out += (jnp.pad(jax.lax.stop_gradient(logp_bt) >= top_logp, pad),)
+    return out
+
+
+def entropy_agrees(advantages_bt: jax.Array, held_top_bt: jax.Array) -> jax.Array:
+    """[B, T] bool: where minimising the entropy moves probability the way the policy gradient
+    does (`LearnerConfig.entropy_agree`). Sharpening moves mass to the most likely token; the
+    policy gradient raises the held token where the advantage is >= 0 and lowers it where < 0.
+    They agree where (advantage >= 0) == (the held token is the most likely one)."""
+    return (advantages_bt >= 0) == held_top_bt
 
 
 LOGITS_ALIGN = 8  # logits_start rounds down to a multiple of this (fewer distinct compiles)
@@ -308,9 +324,9 @@ class Learner:
         cfg = self.config
         logits, values = self._model_outputs(policy, critic, x["tokens"], x["attention_mask"],
                                              logits_from)
-        logp, entropy = token_logprobs_and_entropy(logits, x["tokens"], logits_from,
-                                                   entropy_gate=cfg.entropy_gate,
-                                                   **self._truncation)
+        logp, entropy, *held_top = token_logprobs_and_entropy(
+            logits, x["tokens"], logits_from, entropy_gate=cfg.entropy_gate,
+            with_top=cfg.entropy_agree, **self._truncation)
         step_metrics = {}
         if "advantages" not in x:  # single pass: the old values are this forward's values
             values_old = jax.lax.stop_gradient(values)
@@ -338,6 +354,9 @@ class Learner:
                 ratio_against, token_weights = prox, w_bt
         if cfg.entropy_coef == 0 and cfg.entropy_coef_end == 0:
             entropy = jax.lax.stop_gradient(entropy)  # a metric only: skip its backward pass
+        elif held_top:  # learner.entropy_agree: sharpen only where the policy gradient agrees
+            entropy = jnp.where(entropy_agrees(x["advantages"], held_top[0]), entropy,
+                                jax.lax.stop_gradient(entropy))
         in_loss_kl = cfg.uses_ref and cfg.kl_mode == "loss"
         loss, metrics = ppo.actor_loss(
             logp, ratio_against, x["advantages"], x["mask"], token_weights_bt=token_weights,

@@ -65,6 +65,14 @@ class LearnerConfig:
     # confident positions, where a rare sampled token garbles a line, and leaves the uncertain
     # ones (which model, which hyper-parameter) to the reward (configs/sweep_gate.py).
     entropy_gate: float = 0.0
+    # True: of those positions, the gradient reaches only the ones where sharpening moves mass
+    # the way the policy gradient does: in a row with advantage >= 0 where the row's own token
+    # is the most likely one, in a row with advantage < 0 where it is not (a rare token that
+    # garbled the line: mass goes back to the top one). Left out: a confident mistake (the top
+    # token itself is what failed, e.g. the warm start's `GridSearchCV(LogisticRegression(
+    # max_iter=1)` + newline at p ~0.99 on food-reviews), which the gated term would otherwise
+    # sharpen in every row that reaches it, and a rare token that worked.
+    entropy_agree: bool = False
     entropy_decay_steps: int = 0  # in train steps; 0 = constant
     entropy_schedule: str = "linear"
     kl_mode: str = "none"  # "none" | "loss" | "reward"

@@ -12,6 +12,7 @@ from rl4mle_jax import models
 from rl4mle_jax import sharding as shd
 from rl4mle_jax.engine import backend_compiles
 from rl4mle_jax.rl.learner import (
+    entropy_agrees,
     logits_start,
     make_learner,
     shift_right,
@@ -294,6 +295,61 @@ def test_without_the_policy_gradient_only_the_entropy_term_trains(params):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="pg_coef must be finite and >= 0"):
         LearnerConfig(pg_coef=-1.0)
+
+
+def test_entropy_agree_truth_table_and_held_top_against_numpy():
+    """learner.entropy_agree: sharpening (mass to the top token) agrees with the policy gradient
+    where (advantage >= 0) == (the held token is the top one); `with_top` is NumPy's argmax."""
+    adv = jnp.asarray([[1.0, 1.0, 0.0, -1.0, -1.0]])
+    top = jnp.asarray([[True, False, True, True, False]])
+    assert entropy_agrees(adv, top).tolist() == [[True, False, True, False, True]]
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(2, 7, 6)).astype(np.float32)
+    tokens = rng.integers(0, 6, (2, 7))
+    tokens[0, 1:4] = logits[0, :3].argmax(-1)  # some held tokens are the top ones
+    logp, ent, held_top = jax.device_get(token_logprobs_and_entropy(
+        jnp.asarray(logits), jnp.asarray(tokens), with_top=True))
+    ref = np.zeros((2, 7), bool)
+    ref[:, 1:] = logits[:, :-1].argmax(-1) == tokens[:, 1:]
+    np.testing.assert_array_equal(held_top, ref)
+    assert ref[0, 1:4].all() and not ref.all()
+    plain = jax.device_get(token_logprobs_and_entropy(jnp.asarray(logits), jnp.asarray(tokens)))
+    np.testing.assert_array_equal(logp, plain[0])
+    np.testing.assert_array_equal(ent, plain[1])
+
+
+def test_entropy_agree_leaves_out_the_rows_whose_policy_gradient_disagrees(params):
+    """In the train step, with the policy gradient weighted out and every held token the
+    policy's top one: rows 4-7 repeat rows 0-3, so the entropy term's gradient with every row
+    is twice that of rows 0-3 alone. entropy_agree keeps rows 0-3 (advantage > 0) and leaves
+    out their copies (advantage < 0): the gradient's norm halves. With equal rewards (every
+    advantage 0) nothing is left out."""
+    t, p = 12, 6
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, TINY.vocab_size, (4, t)).astype(np.int32)
+    for i in range(p, t):  # greedy: each response token is the model's top one
+        logits = np.asarray(models.qwen2.logits(TINY, params, jnp.asarray(tokens)))
+        tokens[:, i] = logits[:, i - 1].argmax(-1)
+    tokens = np.concatenate([tokens, tokens])
+    response = np.zeros((8, t), np.int32)
+    response[:, p:] = 1
+    batch = dict(tokens=tokens, attention_mask=np.ones((8, t), np.int32),
+                 response_mask=response, rewards=np.repeat([1.0, -1.0], 4).astype(np.float32),
+                 old_logprobs=np.full((8, t), -1.0, np.float32))
+    base = dict(critic="none", advantage_estimator="rloo", group_size=0, actor_lr=1e-3,
+                duration_weighting="off", pg_coef=0.0, entropy_coef=-1.0)
+
+    def grad_norm(b, **kw):
+        learner = make_learner(TINY, LearnerConfig(**base, **kw), shd.make_mesh(**ONE_DEVICE))
+        state = learner.init_state(learner.shard_params(params), jax.random.PRNGKey(1))
+        _, metrics = learner.train_step(state, b)
+        return float(metrics["grad_norm_actor"]), float(metrics["entropy"])
+
+    (every, h0), (agree, h1) = grad_norm(batch), grad_norm(batch, entropy_agree=True)
+    assert every > 0 and h0 == pytest.approx(h1)
+    assert agree == pytest.approx(every / 2, rel=1e-4)
+    flat = {**batch, "rewards": np.full(8, -1.0, np.float32)}
+    assert grad_norm(flat, entropy_agree=True)[0] == pytest.approx(grad_norm(flat)[0], rel=1e-6)
 
 
 def test_bad_batches_name_the_problem(params):

@@ -1,0 +1,21 @@
+"""Entropy minimisation only where it agrees with the policy gradient (learner.entropy_agree)
+against the default's gated term, on food-reviews seeds 11-13: the seeds of the weakest
+food-reviews check of the default (docs/learning_check/results_food_s11.md), where most of the
+last quarter's failures were one improve line the warm start writes broken at p ~0.99
+(`GridSearchCV(LogisticRegression(max_iter=1)` + newline) and the gated term made surer
+(scripts/analyse_entropy_positions.py --kind improve --error_line).
+
+Launch (resumes; ~9 min per run, 2 cores, nothing else running; the initial best-of-32 of
+workdirs/lc_food_s11 is the same key and draws, copy its _initial_evals to skip them):
+  python experiments/sweep.py --config configs/sweep_agree.py --workdir workdirs/sweep_agree
+"""
+
+import ml_collections
+
+from configs.sweep_base import sweep_config
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    return sweep_config({"agree": (("learner.entropy_agree", True),),
+                         "default": ()},
+                        seeds=(11, 12, 13), arg=arg)
