@@ -109,7 +109,8 @@ def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array, star
     p_btv = jnp.exp(logp_btv)
     # 0 * -inf is NaN: cut tokens add 0 (and no NaN reaches the backward pass either).
     entropy_bt = -jnp.sum(p_btv * jnp.where(p_btv > 0, logp_btv, 0.0), axis=-1)
-    top_logp = jax.lax.stop_gradient(jnp.max(logp_btv, axis=-1))
+    if entropy_gate > 0 or with_top:
+        top_logp = jax.lax.stop_gradient(jnp.max(logp_btv, axis=-1))
     if entropy_gate > 0:
         confident = top_logp >= math.log(entropy_gate)
         entropy_bt = jnp.where(confident, entropy_bt, jax.lax.stop_gradient(entropy_bt))
