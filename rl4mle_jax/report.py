@@ -166,7 +166,9 @@ def learning_lines(workdir: Path, refs: dict[str, Any], direction: str) -> list[
         "|---|---|---|---|---|",
         f"| batch mean reward: first vs last quarter of {c['steps']} steps | "
         f"{_fmt(c['reward_first'])} | {_fmt(c['reward_last'])} | "
-        f"{fv(c['reward_gain'], 3, True)} | >= {goal['reward_gain']:+g} |",
+        f"{fv(c['reward_gain'], 3, True)}"
+        + (f" ± {c['reward_gain_se']:.3f} (batch noise)" if c["reward_gain_se"] is not None
+           else "") + f" | >= {goal['reward_gain']:+g} |",
         f"| best-of-{c['eval_n']} valid rate (same draws) | {_fmt(c['valid_initial'])} | "
         f"{_fmt(c['valid_final'])} | {fv(c['valid_gain'], 3, True)} | "
         f">= {goal['valid_gain']:+g} |",

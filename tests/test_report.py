@@ -4,6 +4,7 @@ references) and a task without reference scores."""
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from rl4mle_jax.report import write_report
@@ -37,8 +38,9 @@ def test_report_learning_section_and_references(tmp_path, refs):
     assert "![learning curve](plots/learning_curve.png)" in text
     assert (wd / "plots" / "learning_curve.png").stat().st_size > 0
     # quarters of 8 steps are 2 steps: mean(-10, -6) = -8 -> mean(0.8, 0.9) = 0.85
-    assert "| batch mean reward: first vs last quarter of 8 steps | -8.0000 | 0.8500 | +8.850 |" \
-        in text, text
+    se = np.sqrt((np.var([-10, -6], ddof=1) + np.var([0.8, 0.9], ddof=1)) / 2)
+    assert ("| batch mean reward: first vs last quarter of 8 steps | -8.0000 | 0.8500 | "
+            f"+8.850 ± {se:.3f} (batch noise) |") in text, text
     assert "| best-of-32 valid rate (same draws) | 0.5000 | 0.8750 | +0.375 |" in text
     assert "## Arrival bias" in text and "No episode finished." in text  # no experience log
     assert "left out lines of their parent" not in text  # no improve episode logged

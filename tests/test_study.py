@@ -95,8 +95,29 @@ def test_learning_check_quarters_and_before_after(tmp_path):
     np.testing.assert_allclose(c["reward_gain"], np.mean(rewards[-2:]) - np.mean(rewards[:2]))
     np.testing.assert_allclose(c["valid_gain"], 0.3)
     np.testing.assert_allclose(c["test_gain"], 0.05)  # lower is better: 0.35 -> 0.30 is a gain
+    # Its standard error from the batch noise: each quarter's sample variance over its steps.
+    se = np.sqrt((np.var(rewards[:2], ddof=1) + np.var(rewards[-2:], ddof=1)) / 2)
+    np.testing.assert_allclose(c["reward_gain_se"], se)
     table = st.learning_table(st.load_study(tmp_path))
-    assert "| v | 1 | +8.850 | +0.300 | +0.0500 | yes |" in table, table
+    assert f"| -8.000 | 0.850 | +8.850 ± {se:.3f} | 0.600 |" in table, table
+    assert f"| v | 1 | +8.850 ± {se:.3f} | +0.300 | +0.0500 | yes |" in table, table
+    # Two runs: the mean's standard error is the root of the summed variances over 2; a run
+    # with a quarter of one step has none, and then neither has the mean.
+    wd2 = tmp_path / "v" / "seed4"
+    rewards2 = [-6.0, -8.0, -3.0, -1.0, 0.0, 1.0, 0.2, 0.6]
+    _write_run(wd2, rewards2, [10.0 * (i + 1) for i in range(8)], final=None)
+    se2 = np.sqrt((np.var(rewards2[:2], ddof=1) + np.var(rewards2[-2:], ddof=1)) / 2)
+    gain = np.mean([np.mean(rewards[-2:]) - np.mean(rewards[:2]),
+                    np.mean(rewards2[-2:]) - np.mean(rewards2[:2])])
+    table = st.learning_table(st.load_study(tmp_path))
+    assert f"| v | 2 | {gain:+.3f} ± {np.sqrt(se ** 2 + se2 ** 2) / 2:.3f} |" in table, table
+    (wd2 / "metrics.jsonl").write_text("".join(  # 7 steps: quarters of one step
+        json.dumps({"step": i + 1, "wall_s": 10.0 * (i + 1), "reward/mean": r}) + "\n"
+        for i, r in enumerate(rewards2[:7])))
+    assert st.learning_check(st.load_study(tmp_path)["v"][1])["reward_gain_se"] is None
+    table = st.learning_table(st.load_study(tmp_path))
+    gain = np.mean([np.mean(rewards[-2:]) - np.mean(rewards[:2]), rewards2[6] - rewards2[0]])
+    assert f"| v | 2 | {gain:+.3f} | " in table, table
 
 
 def test_test_gain_standard_error_pairs_the_picks_replicates(tmp_path):
