@@ -41,6 +41,10 @@ class Candidate:
     reused_run: bool = False  # its records are an identical earlier candidate's (`reuse`)
     prompt_tokens: int | None = None  # token lengths (the loop's warm-up forecasts from them)
     response_tokens: int | None = None
+    # A candidate that never ran because its code block does not parse (or is empty): that
+    # block and the parser's message, kept for reading the evaluation's failures; never run.
+    failed_code: str | None = None
+    failure_message: str | None = None
 
     def score(self, split: str) -> float | None:
         """The grader's score where the reward rules call the run valid (trained, graded)."""
@@ -229,7 +233,9 @@ def _sample_codes(comps: Any, params: Any, prompts: list[str], rng: jax.Array, k
         action = extract_action(tok.decode(out.tokens[i, :out.lengths[i]].tolist(),
                                                  skip_special_tokens=True))
         cands.append(Candidate(kind, action.code if action.ok else None, action.failure,
-                               prompt_tokens=len(ids[i]), response_tokens=int(out.lengths[i])))
+                               prompt_tokens=len(ids[i]), response_tokens=int(out.lengths[i]),
+                               failed_code=None if action.ok else action.code,
+                               failure_message=action.message))
     return cands
 
 

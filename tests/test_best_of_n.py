@@ -239,3 +239,26 @@ def test_beats_on_folds_needs_k_paired_standard_errors(direction):
     bare = {sp: _rec(0.8) for sp in folds}
     assert bon.beats_on_folds({sp: _rec(0.8 + s * 1e-6) for sp in folds}, bare, folds, direction)
     assert not bon.beats_on_folds(bare, bare, folds, direction)
+
+
+def test_candidates_that_do_not_parse_keep_their_code_to_read_but_never_to_run(monkeypatch):
+    """`_sample_codes`: a block that does not compile is kept in `failed_code` with the parser's
+    message (the evaluation's failures can be read afterwards); `code` stays None, so nothing
+    runs it."""
+    responses = ["plan\n```python\nprint(1)\n```", "plan\n```python\nx = f(1\ny = 2\n```",
+                 "plan\n```python\n\n```", "no block at all"]
+    tok = SimpleNamespace(encode=lambda s: [1, 2, 3],
+                          decode=lambda ids, skip_special_tokens: responses[ids[0]])
+    sampler = SimpleNamespace(generate=lambda params, ids, rng, **kw: SimpleNamespace(
+        tokens=np.arange(len(ids))[:, None], lengths=np.ones(len(ids), np.int32)))
+    comps = SimpleNamespace(tokenizer=tok, sampler=sampler)
+    cands = bon._sample_codes(comps, None, ["p"] * 4, None, "improve", 0.7, 8)
+    assert [c.failure for c in cands] == [None, "syntax_error", "empty_code", "no_code_block"]
+    assert [c.code for c in cands] == ["print(1)\n", None, None, None]
+    assert cands[0].failed_code is None and cands[0].failure_message is None
+    assert cands[1].failed_code == "x = f(1\ny = 2\n"
+    assert cands[1].failure_message.startswith("SyntaxError at line 1: '(' was never closed")
+    assert cands[2].failed_code == "\n" and cands[3].failed_code is None
+    assert "no fenced" in cands[3].failure_message
+    to_run, _ = bon.SharedRuns(reuse=0).assign(cands)
+    assert to_run == cands[:1]
