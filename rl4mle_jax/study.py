@@ -572,6 +572,48 @@ def pooled_learning_table(groups: dict[str, list[Run]]) -> str:
     return "\n".join(lines)
 
 
+PAIRED_KEYS = ("steps", "reward_gain", "valid_gain", "test_gain")
+
+
+def paired_differences(studies: dict[str, dict[str, list[Run]]], a: str,
+                       b: str) -> list[dict[str, Any]]:
+    """Variant `a` minus variant `b` of each seed that both ran, per study (name -> the
+    variants of `load_study`): the difference of each `learning_check` quantity in
+    PAIRED_KEYS (None where either lacks it). Two variants of one sweep share a seed's initial
+    draws and best-of-N, so the seed's own luck cancels from the differences."""
+    rows = []
+    for name, variants in studies.items():
+        by_seed = {v: {r.seed: learning_check(r) for r in variants.get(v, [])} for v in (a, b)}
+        for seed in sorted(set(by_seed[a]) & set(by_seed[b])):
+            ca, cb = by_seed[a][seed], by_seed[b][seed]
+            rows.append({"study": name, "seed": seed, **{
+                k: None if ca[k] is None or cb[k] is None else float(ca[k]) - float(cb[k])
+                for k in PAIRED_KEYS}})
+    return rows
+
+
+def paired_table(studies: dict[str, dict[str, list[Run]]], a: str, b: str) -> str:
+    """Markdown: `paired_differences` of a over b, one row per study and seed, then all pairs:
+    the mean difference ± its standard error over pairs (sample std / sqrt(n)) and how many
+    pairs favour a (a larger gain; for steps, more steps) against b."""
+    rows = paired_differences(studies, a, b)
+    head = " | ".join(f"{k.replace('_', ' ')}: {a} − {b}" for k in PAIRED_KEYS)
+    lines = [f"| study | seed | {head} |", "|---|---|" + "---|" * len(PAIRED_KEYS)]
+    for r in rows:
+        lines.append(f"| {r['study']} | {r['seed']} | " + " | ".join(
+            fmt_value(r[k], _GOAL_DIGITS.get(k, 1), True) for k in PAIRED_KEYS) + " |")
+    cells = []
+    for k in PAIRED_KEYS:
+        xs = [r[k] for r in rows if r[k] is not None]
+        nd = _GOAL_DIGITS.get(k, 1)
+        se = float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else None
+        cells.append(fmt_value(_mean(xs), nd, True) + ("" if se is None else f" ± {se:.{nd}f}")
+                     + (f" ({sum(x > 0 for x in xs)} > 0, {sum(x < 0 for x in xs)} < 0)"
+                        if xs else ""))
+    lines.append(f"| **all** | {len(rows)} pairs | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _mean(xs: list[Any]) -> float | None:
     xs = [float(x) for x in xs if x is not None]
     return float(np.mean(xs)) if xs else None

@@ -442,3 +442,37 @@ def test_compile_table_against_numpy(tmp_path):
     mean_steps = np.mean([st.compile_stats(r)["train steps (s)"] for r in runs])
     assert "| v | mean of 2 | 12 | " in table and f"{mean_steps:.4g}" in table
     assert "| old | 0 | 1 | — |" in table
+
+
+def test_paired_table_differences_two_variants_seed_by_seed(tmp_path):
+    """A − B per seed both ran (a seed only one variant ran is left out), then the mean
+    difference ± sample std / sqrt(n) over the pairs and how many favour each, against NumPy."""
+    rng = np.random.default_rng(7)
+    diffs = []
+    for root, seeds in (("s1", (0, 1, 2)), ("s2", (5, 6))):
+        for seed in seeds:
+            got = {}
+            for v in ("a", "b"):
+                n = 8 + seed % 2  # 8 or 9 steps: quarters of 2
+                r = rng.normal(-3, 1, n) + np.linspace(0, rng.uniform(0, 4), n)
+                v0, v1 = 0.5, float(rng.choice([0.5, 0.625, 0.75]))
+                t1 = 0.8 + float(rng.choice([-0.01, 0.0, 0.02]))
+                _check_run(tmp_path / root / v / f"seed{seed}", r.tolist(), (v0, v1),
+                           (0.8, t1), "t")
+                q = len(r) // 4
+                got[v] = np.array([len(r), r[-q:].mean() - r[:q].mean(), v1 - v0, t1 - 0.8])
+            diffs.append(got["a"] - got["b"])
+    _check_run(tmp_path / "s2" / "a" / "seed9", [-1.0, 0.0], (0.5, 0.5), (0.8, 0.8), "t")
+    studies = {k: st.load_study(tmp_path / k) for k in ("s1", "s2")}
+    rows = st.paired_differences(studies, "a", "b")
+    assert [(r["study"], r["seed"]) for r in rows] == [("s1", 0), ("s1", 1), ("s1", 2),
+                                                       ("s2", 5), ("s2", 6)]
+    diffs = np.array(diffs)
+    np.testing.assert_allclose([[r[k] for k in st.PAIRED_KEYS] for r in rows], diffs,
+                               atol=1e-12)
+    table = st.paired_table(studies, "a", "b")
+    m, se = diffs.mean(0), diffs.std(0, ddof=1) / np.sqrt(len(diffs))
+    assert (f"| **all** | 5 pairs | {m[0]:+.1f} ± {se[0]:.1f} ({(diffs[:, 0] > 0).sum()} > 0, "
+            f"{(diffs[:, 0] < 0).sum()} < 0) | {m[1]:+.2f} ± {se[1]:.2f} ("
+            f"{(diffs[:, 1] > 0).sum()} > 0, {(diffs[:, 1] < 0).sum()} < 0) |") in table, table
+    assert f"| s2 | 6 | {diffs[4, 0]:+.1f} | {diffs[4, 1]:+.2f} | {diffs[4, 2]:+.3f} |" in table
