@@ -170,7 +170,9 @@ def learning_lines(workdir: Path, refs: dict[str, Any], direction: str) -> list[
         + (f" ± {c['reward_gain_se']:.3f} (batch noise)" if c["reward_gain_se"] is not None
            else "") + f" | >= {goal['reward_gain']:+g} |",
         f"| best-of-{c['eval_n']} valid rate (same draws) | {_fmt(c['valid_initial'])} | "
-        f"{_fmt(c['valid_final'])} | {fv(c['valid_gain'], 3, True)} | "
+        f"{_fmt(c['valid_final'])} | {fv(c['valid_gain'], 3, True)}"
+        + (f" ± {c['valid_gain_se']:.3f} (paired draws)" if c["valid_gain_se"] is not None
+           else "") + " | "
         f">= {goal['valid_gain']:+g} |",
         *_pick_rows(c, goal),
     ]

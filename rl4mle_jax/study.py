@@ -210,6 +210,26 @@ def paired_se(boot_a: list[float] | None, boot_b: list[float] | None) -> float |
     return float(np.std(d, ddof=1)) if d.size >= MIN_PAIRED_REPLICATES else None
 
 
+def valid_gain_se(initial: dict[str, Any], final: dict[str, Any]) -> float | None:
+    """Standard error of the best-of-N valid-rate change, pairing the two evaluations'
+    candidates by draw (the same keys: candidate i of both): the sample std of the N
+    differences valid_final_i − valid_initial_i (each 1, 0 or −1) over sqrt(N). Valid is the
+    reward rules' `status == "valid"` on the reward split (best_of_n.valid_score). It is
+    conditional on each evaluation's improve parent (one program per evaluation, drawn from
+    its own solve half), whose own luck it leaves out. None without two equally long candidate
+    lists of the same kinds in the same order (an older or multi-task record), or below 2."""
+    a, b = initial.get("candidates") or [], final.get("candidates") or []
+    if len(a) < 2 or len(a) != len(b) or [c.get("kind") for c in a] != [
+            c.get("kind") for c in b]:
+        return None
+
+    def ok(c: dict[str, Any]) -> float:
+        return float((c.get("reward_split") or {}).get("status") == "valid")
+
+    d = np.array([ok(y) - ok(x) for x, y in zip(a, b)])
+    return float(np.std(d, ddof=1) / np.sqrt(d.size))
+
+
 def mean_se(ses: list[float | None]) -> float | None:
     """Standard error of a mean over independent runs from each run's own: the root of the
     summed variances over the count (None when any run lacks one, or there are none)."""
@@ -343,6 +363,7 @@ def learning_check(run: Run) -> dict[str, Any]:
     out["valid_initial"], out["valid_final"] = ini.get("valid_rate"), fin.get("valid_rate")
     out["valid_gain"] = (None if None in (out["valid_initial"], out["valid_final"])
                          else out["valid_final"] - out["valid_initial"])
+    out["valid_gain_se"] = valid_gain_se(ini, fin) if out["valid_gain"] is not None else None
     direction = fin.get("direction") or ini.get("direction") or "higher"
     out["pick_rule"] = _pick(fin, "rule") or "max"
     for name, key in (("test", "pick"), ("test_max", "pick_max")):
@@ -478,7 +499,8 @@ def fmt_value(x: Any, nd: int = 3, sign: bool = False) -> str:
     return (f"{x:+.{nd}f}" if sign else f"{x:.{nd}f}") if isinstance(x, float) else str(x)
 
 
-_SE_DIGITS = {"reward_gain": 3, "test_gain": 4}  # the gains shown with their standard error
+# the gains shown with their standard error
+_SE_DIGITS = {"reward_gain": 3, "valid_gain": 3, "test_gain": 4}
 
 
 def _se_suffix(key: str, check: dict[str, Any]) -> str:
@@ -489,7 +511,7 @@ def _se_suffix(key: str, check: dict[str, Any]) -> str:
 def learning_table(study: dict[str, list[Run]]) -> str:
     """Markdown: one row per run (the checks of `learning_check`), then the mean over seeds of
     each variant against the goals (reward gain >= 2.0, valid gain >= 0.25, test gain >= 0).
-    The reward and test gains carry their standard errors (`reward_gain_se`, `test_gain_se`;
+    The gains carry their standard errors (`reward_gain_se`, `valid_gain_se`, `test_gain_se`;
     for the mean, `mean_se` of the runs' own, shown only when every run has one)."""
     cols = ("steps", "reward_first", "reward_last", "reward_gain", "valid_initial",
             "valid_final", "valid_gain", "test_initial", "test_final", "test_gain")
@@ -515,8 +537,9 @@ def learning_table(study: dict[str, list[Run]]) -> str:
             + (f" ± {ses[k]:.{_SE_DIGITS[k]}f}" if ses.get(k) is not None else "")
             for k in LEARNING_GOALS) + f" | {'yes' if met else 'no'} |")
     lines += ["", "| variant | seeds | mean reward gain (goal >= 2.0; ± its standard error "
-              "from the batch noise) | mean valid gain (goal >= 0.25) | mean test gain "
-              "(goal >= 0; ± its standard error on the test split) | all goals met |",
+              "from the batch noise) | mean valid gain (goal >= 0.25; ± its standard error "
+              "over the paired draws) | mean test gain (goal >= 0; ± its standard error on "
+              "the test split) | all goals met |",
               "|---|---|---|---|---|---|", *means]
     return "\n".join(lines)
 

@@ -476,3 +476,39 @@ def test_paired_table_differences_two_variants_seed_by_seed(tmp_path):
             f"{(diffs[:, 0] < 0).sum()} < 0) | {m[1]:+.2f} ± {se[1]:.2f} ("
             f"{(diffs[:, 1] > 0).sum()} > 0, {(diffs[:, 1] < 0).sum()} < 0) |") in table, table
     assert f"| s2 | 6 | {diffs[4, 0]:+.1f} | {diffs[4, 1]:+.2f} | {diffs[4, 2]:+.3f} |" in table
+
+
+def test_valid_gain_standard_error_pairs_the_candidates_by_draw(tmp_path):
+    """Candidate i of both evaluations is one draw: the change's standard error is the sample
+    std of the N per-draw differences over sqrt(N), against NumPy; none for unpaired lists."""
+    rng = np.random.default_rng(11)
+    kinds = ["solve"] * 16 + ["improve"] * 16
+    ses = []
+    for seed in (0, 1):
+        before = rng.random(32) < 0.6
+        after = before | (rng.random(32) < 0.4)
+        after[3] = False
+
+        def ev(valid, rate):
+            return {"n": 32, "direction": "higher", "valid_rate": rate, "candidates": [
+                {"kind": k, "reward_split": {"status": "valid" if v else "failure"}}
+                for k, v in zip(kinds, valid)]}
+        wd = tmp_path / "v" / f"seed{seed}"
+        _write_run(wd, [-3.0, 0.0], [60.0, 120.0], final=ev(after, after.mean()))
+        (wd / "eval_initial.json").write_text(json.dumps(ev(before, before.mean())))
+        d = after.astype(float) - before.astype(float)
+        ses.append(np.std(d, ddof=1) / np.sqrt(32))
+    runs = st.load_study(tmp_path)["v"]
+    for r, se in zip(runs, ses):
+        c = st.learning_check(r)
+        np.testing.assert_allclose(c["valid_gain_se"], se)
+        assert f"| {c['valid_gain']:+.3f} ± {se:.3f} |" in st.learning_table({"v": [r]})
+    table = st.learning_table({"v": runs})
+    gain = np.mean([st.learning_check(r)["valid_gain"] for r in runs])
+    assert f"| {gain:+.3f} ± {np.sqrt(ses[0] ** 2 + ses[1] ** 2) / 2:.3f} |" in table, table
+    ini, fin = runs[0].initial, runs[0].final
+    assert st.valid_gain_se(ini, {**fin, "candidates": fin["candidates"][:31]}) is None
+    swapped = [dict(c, kind="improve" if c["kind"] == "solve" else "solve")
+               for c in fin["candidates"]]
+    assert st.valid_gain_se(ini, {**fin, "candidates": swapped}) is None
+    assert st.valid_gain_se({}, fin) is None
