@@ -8,6 +8,14 @@ last quarter's failures were one improve line the warm start writes broken at p 
 Launch (resumes; ~9 min per run, 2 cores, nothing else running; the initial best-of-32 of
 workdirs/lc_food_s11 is the same key and draws, copy its _initial_evals to skip them):
   python experiments/sweep.py --config configs/sweep_agree.py --workdir workdirs/sweep_agree
+
+Other tasks and seeds (docs/sweep_agree/results_*.md), then the two variants seed by seed:
+  python experiments/sweep.py --config configs/sweep_agree.py --config.seeds="(14,15,16)" \
+      --workdir workdirs/sweep_agree_food2
+  python experiments/sweep.py --config configs/sweep_agree.py:telco-churn \
+      --config.seeds="(2,3,4)" --workdir workdirs/sweep_agree_telco
+  python scripts/compare_variants.py --a agree workdirs/sweep_agree workdirs/sweep_agree_food2 \
+      workdirs/sweep_agree_telco
 """
 
 import ml_collections
