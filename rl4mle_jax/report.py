@@ -172,8 +172,7 @@ def learning_lines(workdir: Path, refs: dict[str, Any], direction: str) -> list[
         f"| best-of-{c['eval_n']} valid rate (same draws) | {_fmt(c['valid_initial'])} | "
         f"{_fmt(c['valid_final'])} | {fv(c['valid_gain'], 3, True)}"
         + (f" ± {c['valid_gain_se']:.3f} (paired draws)" if c["valid_gain_se"] is not None
-           else "") + " | "
-        f">= {goal['valid_gain']:+g} |",
+           else "") + f" | >= {goal['valid_gain']:+g} |",
         *_pick_rows(c, goal),
     ]
     for kind, k in c["by_kind"].items():

@@ -503,9 +503,19 @@ def fmt_value(x: Any, nd: int = 3, sign: bool = False) -> str:
 _SE_DIGITS = {"reward_gain": 3, "valid_gain": 3, "test_gain": 4}
 
 
+def _pm(se: float | None, nd: int) -> str:
+    """" ± se" with nd decimals, or nothing without one."""
+    return "" if se is None else f" ± {se:.{nd}f}"
+
+
 def _se_suffix(key: str, check: dict[str, Any]) -> str:
-    se = check.get(f"{key}_se") if key in _SE_DIGITS else None
-    return f" ± {se:.{_SE_DIGITS[key]}f}" if se is not None else ""
+    return _pm(check.get(f"{key}_se"), _SE_DIGITS[key]) if key in _SE_DIGITS else ""
+
+
+def _mean_pm_se(xs: list[float], nd: int, sign: bool) -> str:
+    """The mean of xs ± its standard error over them (sample std / sqrt(n); none below 2)."""
+    se = float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else None
+    return fmt_value(_mean(xs), nd, sign) + _pm(se, nd)
 
 
 def learning_table(study: dict[str, list[Run]]) -> str:
@@ -534,7 +544,7 @@ def learning_table(study: dict[str, list[Run]]) -> str:
                for k in _SE_DIGITS}
         means.append(f"| {variant} | {len(checks)} | " + " | ".join(
             fmt_value(gains[k], 4 if k == "test_gain" else 3, True)
-            + (f" ± {ses[k]:.{_SE_DIGITS[k]}f}" if ses.get(k) is not None else "")
+            + (_pm(ses[k], _SE_DIGITS[k]) if k in ses else "")
             for k in LEARNING_GOALS) + f" | {'yes' if met else 'no'} |")
     lines += ["", "| variant | seeds | mean reward gain (goal >= 2.0; ± its standard error "
               "from the batch noise) | mean valid gain (goal >= 0.25; ± its standard error "
@@ -579,9 +589,7 @@ def pooled_learning_table(groups: dict[str, list[Run]]) -> str:
     for k in ["steps", *goals]:
         xs = [float(c[k]) for c in pooled if c[k] is not None]
         m = _mean(xs)
-        se = float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else None
-        nd = _GOAL_DIGITS.get(k, 1)
-        cell = fmt_value(m, nd, k != "steps") + ("" if se is None else f" ± {se:.{nd}f}")
+        cell = _mean_pm_se(xs, _GOAL_DIGITS.get(k, 1), k != "steps")
         if k in LEARNING_GOALS:
             met += m is not None and m >= LEARNING_GOALS[k]
             cell += f" ({sum(x >= LEARNING_GOALS[k] for x in xs)} of {len(xs)} runs meet it)"
@@ -628,9 +636,7 @@ def paired_table(studies: dict[str, dict[str, list[Run]]], a: str, b: str) -> st
     cells = []
     for k in PAIRED_KEYS:
         xs = [r[k] for r in rows if r[k] is not None]
-        nd = _GOAL_DIGITS.get(k, 1)
-        se = float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else None
-        cells.append(fmt_value(_mean(xs), nd, True) + ("" if se is None else f" ± {se:.{nd}f}")
+        cells.append(_mean_pm_se(xs, _GOAL_DIGITS.get(k, 1), True)
                      + (f" ({sum(x > 0 for x in xs)} > 0, {sum(x < 0 for x in xs)} < 0)"
                         if xs else ""))
     lines.append(f"| **all** | {len(rows)} pairs | " + " | ".join(cells) + " |")
