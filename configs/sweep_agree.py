@@ -9,6 +9,10 @@ Launch (resumes; ~9 min per run, 2 cores, nothing else running; the initial best
 workdirs/lc_food_s11 is the same key and draws, copy its _initial_evals to skip them):
   python experiments/sweep.py --config configs/sweep_agree.py --workdir workdirs/sweep_agree
 
+`flip` reverses the term where `agree` leaves it out (learner.entropy_disagree=-1): there it
+raises the entropy, so at a confident mistake it pushes with the policy gradient instead of
+against it (--variants flip runs it alone beside finished runs).
+
 Other tasks and seeds (docs/sweep_agree/results_*.md), then the two variants seed by seed:
   python experiments/sweep.py --config configs/sweep_agree.py --config.seeds="(14,15,16)" \
       --workdir workdirs/sweep_agree_food2
@@ -25,5 +29,7 @@ from configs.sweep_base import sweep_config
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return sweep_config({"agree": (("learner.entropy_agree", True),),
+                         "flip": (("learner.entropy_agree", True),
+                                  ("learner.entropy_disagree", -1.0)),
                          "default": ()},
                         seeds=(11, 12, 13), arg=arg)

@@ -356,8 +356,11 @@ class Learner:
         if cfg.entropy_coef == 0 and cfg.entropy_coef_end == 0:
             entropy = jax.lax.stop_gradient(entropy)  # a metric only: skip its backward pass
         elif held_top:  # learner.entropy_agree: sharpen only where the policy gradient agrees
+            # (elsewhere the gradient weighs entropy_disagree: 0 none, -1 reversed; the value
+            # is unchanged either way)
+            w = cfg.entropy_disagree
             entropy = jnp.where(entropy_agrees(x["advantages"], held_top[0]), entropy,
-                                jax.lax.stop_gradient(entropy))
+                                w * entropy + (1 - w) * jax.lax.stop_gradient(entropy))
         in_loss_kl = cfg.uses_ref and cfg.kl_mode == "loss"
         loss, metrics = ppo.actor_loss(
             logp, ratio_against, x["advantages"], x["mask"], token_weights_bt=token_weights,

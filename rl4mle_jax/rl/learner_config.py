@@ -73,6 +73,14 @@ class LearnerConfig:
     # max_iter=1)` + newline at p ~0.99 on food-reviews), which the gated term would otherwise
     # sharpen in every row that reaches it, and a rare token that worked.
     entropy_agree: bool = False
+    # With entropy_agree: the entropy gradient's weight at the positions it leaves out (0: none;
+    # -1: reversed, so the term raises the entropy there and pushes the way the policy gradient
+    # does). Why reverse: at a confident mistake the policy gradient's push on the held token
+    # is |A| (1 - p), ~0.1 at p ~0.99, which the gated term's 2 x p (1 - p) log(p / (1 - p))
+    # cancels in the default; left out, the push is that 0.1 alone; reversed, twice it. In a
+    # failed row the reversal also flattens its confident shared tokens (imports, boilerplate),
+    # which the valid rows' term sharpens (configs/sweep_agree.py measures it).
+    entropy_disagree: float = 0.0
     entropy_decay_steps: int = 0  # in train steps; 0 = constant
     entropy_schedule: str = "linear"
     kl_mode: str = "none"  # "none" | "loss" | "reward"
@@ -167,6 +175,12 @@ class LearnerConfig:
         if not 0 <= self.entropy_gate < 1:
             raise ValueError(f"LearnerConfig.entropy_gate must be in [0, 1) (a top-token "
                              f"probability; 0: every position), got {self.entropy_gate}")
+        if not -1 <= self.entropy_disagree <= 0:
+            raise ValueError(f"LearnerConfig.entropy_disagree must be in [-1, 0] (0: left out, "
+                             f"-1: reversed), got {self.entropy_disagree}")
+        if self.entropy_disagree and not self.entropy_agree:
+            raise ValueError("LearnerConfig.entropy_disagree weighs the positions entropy_agree "
+                             "leaves out: set entropy_agree=True with it")
         if self.temperature <= 0:
             raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
         if self.top_k < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p < 1:

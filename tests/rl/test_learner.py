@@ -295,6 +295,10 @@ def test_without_the_policy_gradient_only_the_entropy_term_trains(params):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="pg_coef must be finite and >= 0"):
         LearnerConfig(pg_coef=-1.0)
+    with pytest.raises(ValueError, match=r"entropy_disagree must be in \[-1, 0\]"):
+        LearnerConfig(entropy_agree=True, entropy_disagree=1.0)
+    with pytest.raises(ValueError, match="set entropy_agree=True with it"):
+        LearnerConfig(entropy_disagree=-1.0)
 
 
 def test_entropy_agree_truth_table_and_held_top_against_numpy():
@@ -348,6 +352,12 @@ def test_entropy_agree_leaves_out_the_rows_whose_policy_gradient_disagrees(param
     (every, h0), (agree, h1) = grad_norm(batch), grad_norm(batch, entropy_agree=True)
     assert every > 0 and h0 == pytest.approx(h1)
     assert agree == pytest.approx(every / 2, rel=1e-4)
+    # entropy_disagree=w weighs the copies' gradient by w: (1 + w) x that of rows 0-3 alone;
+    # reversed (w = -1), the copies cancel rows 0-3 and the value is still the entropy.
+    for w in (-0.5, -1.0):
+        norm, h = grad_norm(batch, entropy_agree=True, entropy_disagree=w)
+        assert h == pytest.approx(h0)
+        assert norm == pytest.approx(every * (1 + w) / 2, rel=1e-4, abs=1e-6 * every)
     flat = {**batch, "rewards": np.full(8, -1.0, np.float32)}
     assert grad_norm(flat, entropy_agree=True)[0] == pytest.approx(grad_norm(flat)[0], rel=1e-6)
 
