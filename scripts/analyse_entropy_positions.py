@@ -15,6 +15,11 @@ each run's final checkpoint, the mean probability of that failing token and how 
 top token itself (a confident mistake, which the gated term sharpens instead of removing), with
 the most frequent failure starts in their context.
 
+`--fork TEXT --fork_token TOKEN`: in the failed episodes whose code holds TEXT + TOKEN (a confident
+mistake, e.g. `GridSearchCV(LogisticRegression(max_iter=1` + `)\n` on food-reviews), the
+probability of TOKEN after the response up to TEXT, under the warm start and each run's final
+checkpoint (docs/sweep_agree/flip.md).
+
 `--kind improve` does all of this for the improve episodes instead, each teacher-forced after
 its own improve prompt (rebuilt from its parent episode's code and outcome in the same log).
 
@@ -61,6 +66,10 @@ _BATCH = flags.DEFINE_integer("batch", 4, "Programs per forward pass.")
 _KIND = flags.DEFINE_enum("kind", "solve", ["solve", "improve"], "Which episodes: solve, or "
                           "improve (each after the improve prompt of its parent episode).")
 _TOP = flags.DEFINE_integer("top", 8, "List this many of the most frequent failure starts.")
+_FORK = flags.DEFINE_string("fork", None, "With --fork_token: the response text before a "
+                            "confident mistake's token.")
+_FORK_TOKEN = flags.DEFINE_string("fork_token", None, "The mistaken token after --fork (one "
+                                  "token; Python escapes such as \\n are read).")
 _ERROR_LINE = flags.DEFINE_bool("error_line", False, "Only the failures with a syntax error "
                                 "line (the episode's credit_span, where re-encoding its text "
                                 "gives the sampled tokens' count) and their least likely token "
@@ -165,6 +174,24 @@ def distributions(model_config, pad_id: int, params, seqs, temperature: float, t
     return out
 
 
+def fork_sequences(comps, failed: list[dict], text: str, token: str
+                   ) -> list[tuple[list[int], int]]:
+    """Per failed episode whose code holds `text` + `token`: its prompt and response up to
+    `text`, then `token`'s id, as (ids, prompt length) for `distributions` (whose last held
+    log-prob is then the token's after the prefix). `token` must be one token after `text`."""
+    tok = comps.tokenizer
+    ids = tok.encode(text + token)
+    if ids[:-1] != tok.encode(text):
+        raise SystemExit(f"--fork_token {token!r} is not one token after --fork {text!r}")
+    rows = [e for e in failed if text + token in (e["code"] or "")]
+    out = []
+    for e, (seq, plen) in zip(rows, _encode(comps, rows)):
+        response = render_response(e["plan"] or "", e["code"] or "")
+        cut = response.index(text) + len(text)
+        out.append((seq[:plen] + tok.encode(response[:cut]) + [ids[-1]], plen))
+    return out
+
+
 def entropy(logp: np.ndarray) -> np.ndarray:
     """Entropy of each row of log-probs [..., V] (-inf entries add 0)."""
     p = np.exp(logp)
@@ -195,6 +222,8 @@ def _measure(comps, params, seqs, temperature, trunc):
 
 def main(argv):
     del argv
+    if bool(_FORK.value) != bool(_FORK_TOKEN.value):
+        raise app.UsageError("--fork and --fork_token go together")
     compile_cache.enable()
     programs = [Path(p) for p in _PROGRAMS.value]
     config = _config(programs[0])
@@ -231,6 +260,19 @@ def main(argv):
         policies.append((f"{run_dir} (step {step})", policy))
         dists = _measure(comps, policy, seqs, temperature, trunc)
         print(_row(policies[-1][0], dists, confident))
+
+    if failed and _FORK.value:
+        token = _FORK_TOKEN.value.encode().decode("unicode_escape")
+        fork_seqs = fork_sequences(comps, failed, _FORK.value, token)
+        print(f"\n{len(fork_seqs)} failed {kind} programs hold {_FORK.value + token!r}; the "
+              f"probability of {token!r} after {_FORK.value!r}:\n")
+        print("| policy | median | mean | share >= the gate |\n|---|---|---|---|")
+        for name, params in [("warm start", comps.params), *policies]:
+            p = np.array([np.exp(held[-1]) for _, held in _measure(
+                comps, params, fork_seqs, temperature, trunc)])
+            if len(p):
+                print(f"| {name} | {np.median(p):.3f} | {p.mean():.3f} | "
+                      f"{(p >= _GATE.value).mean():.2f} |")
 
     if failed:
         fail_seqs = _encode(comps, failed)

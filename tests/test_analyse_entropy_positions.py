@@ -84,3 +84,39 @@ def test_improve_episodes_carry_their_parent_and_orphans_are_left_out(tmp_path):
     assert [e["episode_id"] for e in solve] == [1] and "_parent" not in solve[0]
     assert [e["episode_id"] for e in improve] == [2]
     assert improve[0]["_parent"]["code"] == "a = 1"
+
+
+class _CharTokenizer:
+    """One token per character (ids are code points): `fork_sequences` checks the fork token
+    is one token after the prefix, which a character tokenizer makes exact."""
+    is_chat = False
+    pad_id = 0
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+
+def test_fork_sequences_end_with_the_mistaken_token_after_the_prefix():
+    from types import SimpleNamespace
+
+    from rl4mle_jax.env import prompts as prompts_lib
+
+    comps = SimpleNamespace(
+        tokenizer=_CharTokenizer(),
+        prompt_cfg=prompts_lib.PromptConfig(max_prompt_tokens=100_000),
+        context=prompts_lib.TaskContext("Predict y.", "train.csv", ("numpy",), 60.0, "auc"))
+    parent = {"code": "import numpy\n", "record": {"status": "valid", "score": 0.8}}
+    broken = "m = f(g(x=1)\nprint(m)\n"
+    failed = [{"plan": "p", "code": broken, "_parent": parent},
+              {"plan": "q", "code": "m = f(g(x=1000), 3)\n", "_parent": parent},  # no fork
+              {"plan": "r", "code": broken, "_parent": None}]
+    seqs = script.fork_sequences(comps, failed, "f(g(x=1", ")")
+    assert len(seqs) == 2
+    for (ids, plen), e in zip(seqs, (failed[0], failed[2])):
+        full = script._encode(comps, [e])[0]
+        assert plen == full[1] and ids[:plen] == full[0][:plen]  # the episode's own prompt
+        response = "".join(map(chr, ids[plen:]))
+        assert response == f"{e['plan']}\n\n```python\nm = f(g(x=1)"
+    assert seqs[0][0][:seqs[0][1]] != seqs[1][0][:seqs[1][1]]  # improve vs solve prompt
+    with pytest.raises(SystemExit, match="not one token"):
+        script.fork_sequences(comps, failed, "f(g(x=1", ")\n")
