@@ -85,7 +85,7 @@ CHOICES = {
 NOT = {("learner", "advantage_estimator"): ("gae",), ("learner", "critic"): ("none",)}
 # Fields whose generic other value (a float 1.0 doubled, 0.9 + 0.5) would be out of range.
 OTHER = {("sampling", "top_p"): 0.9, ("learner", "top_p"): 0.9, ("learner", "entropy_gate"): 0.5,
-         ("env", "preimport"): "numpy,pandas"}
+         ("learner", "entropy_disagree"): -0.5, ("env", "preimport"): "numpy,pandas"}
 
 
 def _flatten(config) -> dict:
