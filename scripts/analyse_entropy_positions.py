@@ -187,7 +187,10 @@ def fork_sequences(comps, failed: list[dict], text: str, token: str
     out = []
     for e, (seq, plen) in zip(rows, _encode(comps, rows)):
         response = render_response(e["plan"] or "", e["code"] or "")
-        cut = response.index(text) + len(text)
+        # the occurrence in the code that the token follows (not one in the plan, nor an
+        # earlier one in the code that goes on otherwise)
+        code_at = response.index(e["code"].rstrip())
+        cut = response.index(text + token, code_at) + len(text)
         out.append((seq[:plen] + tok.encode(response[:cut]) + [ids[-1]], plen))
     return out
 

@@ -120,3 +120,21 @@ def test_fork_sequences_end_with_the_mistaken_token_after_the_prefix():
     assert seqs[0][0][:seqs[0][1]] != seqs[1][0][:seqs[1][1]]  # improve vs solve prompt
     with pytest.raises(SystemExit, match="not one token"):
         script.fork_sequences(comps, failed, "f(g(x=1", ")\n")
+
+
+def test_fork_sequences_cut_at_the_occurrence_the_token_follows():
+    """The prefix also in the plan and earlier in the code, there followed by other text: the
+    sequence is cut where the code goes on with the mistaken token."""
+    from types import SimpleNamespace
+
+    from rl4mle_jax.env import prompts as prompts_lib
+
+    comps = SimpleNamespace(
+        tokenizer=_CharTokenizer(),
+        prompt_cfg=prompts_lib.PromptConfig(max_prompt_tokens=100_000),
+        context=prompts_lib.TaskContext("Predict y.", "train.csv", ("numpy",), 60.0, "auc"))
+    code = "m = f(g(x=1000), 3)\nn = f(g(x=1)\n"
+    (ids, plen), = script.fork_sequences(comps, [{"plan": "use f(g(x=1", "code": code}],
+                                         "f(g(x=1", ")")
+    assert "".join(map(chr, ids[plen:])) == (
+        "use f(g(x=1\n\n```python\nm = f(g(x=1000), 3)\nn = f(g(x=1)")
